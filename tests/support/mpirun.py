@@ -41,9 +41,7 @@ def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "OMP_NUM_THREADS": "1",
             "OPENBLAS_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(REPO), env.get("PYTHONPATH", "")) if p
-            ),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
         }
     )
     if extra:
