@@ -10,46 +10,34 @@ imports Chainer.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from mnify._lazy import lazy_exports
 
-# public name -> module that defines it
+# public name -> module (relative to this package) that defines it
 _NAMES: dict[str, str] = {
-    "create_communicator": "mnify.runtime.communicators",
-    "CommunicatorBase": "mnify.runtime.communicators.base",
-    "CollectiveTimeout": "mnify.runtime.errors",
-    "CollectiveMismatch": "mnify.runtime.errors",
-    "create_multi_node_optimizer": "mnify.runtime.optimizers",
-    "scatter_dataset": "mnify.runtime.datasets",
-    "scatter_index": "mnify.runtime.datasets",
-    "create_empty_dataset": "mnify.runtime.datasets",
-    "create_multi_node_evaluator": "mnify.runtime.extensions",
-    "create_multi_node_checkpointer": "mnify.runtime.extensions",
-    "create_multi_node_iterator": "mnify.runtime.iterators",
-    "create_synchronized_iterator": "mnify.runtime.iterators",
+    "create_communicator": "communicators",
+    "CommunicatorBase": "communicators.base",
+    "CollectiveTimeout": "errors",
+    "CollectiveMismatch": "errors",
+    "create_multi_node_optimizer": "optimizers",
+    "scatter_dataset": "datasets",
+    "scatter_index": "datasets",
+    "create_empty_dataset": "datasets",
+    "create_multi_node_evaluator": "extensions",
+    "create_multi_node_checkpointer": "extensions",
+    "create_multi_node_iterator": "iterators",
+    "create_synchronized_iterator": "iterators",
 }
-_SUBMODULES = {
-    "communicators",
-    "datasets",
-    "extensions",
-    "functions",
-    "iterators",
-    "kernels",
-    "links",
-    "optimizers",
-}
+_SUBMODULES = frozenset(
+    {
+        "communicators",
+        "datasets",
+        "extensions",
+        "functions",
+        "iterators",
+        "kernels",
+        "links",
+        "optimizers",
+    }
+)
 
-__all__ = sorted(_NAMES) + sorted(_SUBMODULES)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f"mnify.runtime.{name}")
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mnify.runtime' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _NAMES, _SUBMODULES)

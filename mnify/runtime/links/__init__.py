@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from mnify._lazy import lazy_exports
 
 # public name -> module (relative to this package) that defines it; imported on first use
 _NAMES: dict[str, str] = {
@@ -13,15 +12,4 @@ _NAMES: dict[str, str] = {
     "MultiNodeChainList": "multi_node_chain_list",
 }
 
-__all__ = sorted(_NAMES)
-
-
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _NAMES)
