@@ -5,6 +5,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
+# The multi-host test bed needs ip, unshare and tc (root); install them where they are missing.
+if [ -f scripts/install-testbed-deps.sh ]; then bash scripts/install-testbed-deps.sh; fi
 bin="$root/.venv/bin"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "== ruff check" && "$bin/ruff" check mnify tests bench examples
@@ -12,7 +14,7 @@ echo "== ruff format --check" && "$bin/ruff" format --check mnify tests bench ex
 echo "== mypy" && "$bin/mypy" mnify
 echo "== pytest"
 set +e
-"$bin/python" -m pytest -p no:cacheprovider "$@"
+"$bin/python" -m pytest -p no:cacheprovider --timeout=600 "$@"
 rc=$?
 set -e
 # pytest's 5 means "no tests collected": a suite that ran nothing must not pass.
