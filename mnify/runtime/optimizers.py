@@ -1,0 +1,207 @@
+"""The multi-node optimizer: wrap a Chainer optimizer so every rank takes the same step.
+
+``create_multi_node_optimizer(opt, comm)`` returns a wrapper that behaves like ``opt`` (every
+attribute it does not own, read or written, is the wrapped optimizer's) but
+
+* on its first update, and whenever the set or shapes of the model's parameters change (a lazily
+  initialised ``L.Linear(None, n)`` gets its weights at the first forward), broadcasts rank 0's
+  parameters to every rank, so ranks that started from different random initialisations agree;
+* on every other update, averages the gradients over the ranks
+  (``comm.multi_node_mean_grad``) before the wrapped optimizer applies them.
+
+Gradient semantics: each rank's gradient is that of its own loss (normally the mean over its own
+batch) and the ranks' gradients are averaged with equal weight. With equal per-rank batches
+(ChainerMN's weak scaling) this is exactly the gradient of the mean loss over the global batch.
+With uneven batches each rank's examples weigh ``1 / (size * local_batch)``; scale the local loss
+by ``local_batch * size / global_batch`` to weight every example equally.
+
+ChainerMN's first update only broadcasts, so the first batch is lost. Here, when ``update`` is
+given a loss function (as ``StandardUpdater`` does), parameters that exist before the forward are
+broadcast first, and if the forward creates new ones the step is computed again after their
+broadcast: no batch is lost. Only ``update()`` without a loss function (gradients computed by the
+caller on parameters that were not yet in sync) still skips that one step.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import chainer
+
+if TYPE_CHECKING:
+    from mnify.runtime.communicators.base import CommunicatorBase
+
+
+ParamSignature = tuple[tuple[str, tuple[int, ...] | None], ...]
+
+
+def param_signature(target: chainer.Link) -> ParamSignature:
+    """Names and shapes (None while uninitialised) of ``target``'s parameters, sorted by name.
+
+    A change means the ranks may disagree on parameters that the last broadcast did not cover.
+    """
+    return tuple(
+        (name, None if param.array is None else tuple(param.array.shape))
+        for name, param in sorted(target.namedparams())
+    )
+
+
+class _WrapperBase:
+    """Attribute pass-through shared by both optimizer wrappers.
+
+    The wrapper's own state lives in ``__dict__`` (set with ``object.__setattr__``); any other
+    attribute, read or written, is the wrapped optimizer's, so ``opt.lr = 0.1``, ``opt.add_hook``,
+    ``opt.target`` and ``opt.serialize`` work as on the plain optimizer.
+    """
+
+    actual_optimizer: chainer.Optimizer
+    communicator: CommunicatorBase
+    zero_fill: bool
+
+    def __init__(
+        self, actual_optimizer: chainer.Optimizer, communicator: CommunicatorBase, zero_fill: bool
+    ) -> None:
+        object.__setattr__(self, "actual_optimizer", actual_optimizer)
+        object.__setattr__(self, "communicator", communicator)
+        object.__setattr__(self, "zero_fill", zero_fill)
+
+    @property
+    def _target(self) -> Any:
+        """The model the wrapped optimizer was set up with."""
+        return self.actual_optimizer.target
+
+    def _set_own(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    def setup(self, link: chainer.Link) -> _WrapperBase:
+        """Set up the wrapped optimizer on ``link``; returns the wrapper, as ChainerMN does."""
+        self.actual_optimizer.setup(link)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names not found on the wrapper itself.
+        if name == "actual_optimizer":  # during unpickling/copy, before __init__ ran
+            raise AttributeError(name)
+        return getattr(self.actual_optimizer, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.actual_optimizer, name, value)
+
+    def _compute_grads(self, lossfun: Any, args: tuple[Any, ...], kwds: dict[str, Any]) -> None:
+        """Forward and backward of ``lossfun`` the way ``Optimizer.update`` does it."""
+        target = self._target
+        loss = lossfun(*args, **kwds)
+        if getattr(self.actual_optimizer, "_use_cleargrads", True):
+            target.cleargrads()
+        else:
+            target.zerograds()
+        loss.backward(loss_scale=self.actual_optimizer._loss_scale)
+        del loss
+
+
+class MultiNodeOptimizer(_WrapperBase):
+    """Broadcast on parameter changes, otherwise average gradients, then the wrapped update."""
+
+    def __init__(
+        self, actual_optimizer: chainer.Optimizer, communicator: CommunicatorBase, zero_fill: bool
+    ) -> None:
+        super().__init__(actual_optimizer, communicator, zero_fill)
+        self._set_own("synced_signature", None)
+
+    def _broadcast_if_changed(self) -> bool:
+        """Broadcast rank 0's parameters if the parameter set changed since the last broadcast."""
+        target = self._target
+        signature = param_signature(target)
+        if signature == self.synced_signature:
+            return False
+        self.communicator.bcast_data(target)
+        self._set_own("synced_signature", signature)
+        return True
+
+    def update(self, lossfun: Any = None, *args: Any, **kwds: Any) -> None:
+        """One synchronous step; see the module docstring for what happens on the first one."""
+        if lossfun is None:
+            # The caller computed gradients. If parameters changed they were computed on
+            # parameters the ranks did not share: broadcast and skip (ChainerMN's behaviour).
+            if self._broadcast_if_changed():
+                return
+        else:
+            self._broadcast_if_changed()  # parameters that exist before the forward
+            self._compute_grads(lossfun, args, kwds)
+            if self._broadcast_if_changed():  # the forward initialised new parameters
+                self._compute_grads(lossfun, args, kwds)
+        self.communicator.multi_node_mean_grad(self._target, self.zero_fill)
+        self.actual_optimizer.update(None)
+
+
+class DoubleBufferingOptimizer(_WrapperBase):
+    """Overlap gradient averaging with the next step (pure_nccl only); gradients apply one step late.
+
+    A second copy of the model holds the gradients being averaged on a side CUDA stream. Each
+    update waits for the previous averaging, swaps gradients between the model and the copy (the
+    model receives last step's averaged gradients, the copy this step's local ones), starts
+    averaging the copy's gradients, and applies the model's (one step old) gradients.
+    """
+
+    def __init__(
+        self, actual_optimizer: chainer.Optimizer, communicator: CommunicatorBase, zero_fill: bool
+    ) -> None:
+        super().__init__(actual_optimizer, communicator, zero_fill)
+        self._set_own("synced_signature", None)
+        self._set_own("communicated_target", None)
+        self._set_own("stream", chainer.backends.cuda.Stream(non_blocking=True))
+        self._set_own("has_pending_grads", False)
+
+    def wait(self) -> None:
+        """Block until the side-stream averaging and the default stream are done."""
+        self.stream.synchronize()
+        chainer.backends.cuda.Stream.null.synchronize()
+
+    def update(self, lossfun: Any = None, *args: Any, **kwds: Any) -> None:
+        target = self._target
+        if lossfun is not None:
+            self._compute_grads(lossfun, args, kwds)
+        signature = param_signature(target)
+        if signature != self.synced_signature:
+            # New parameters: start over from rank 0's, with a fresh copy for the side stream.
+            self.wait()
+            self.communicator.bcast_data(target)
+            self._set_own("communicated_target", copy.deepcopy(target))
+            self._set_own("synced_signature", signature)
+            self._set_own("has_pending_grads", False)
+            return
+        self.wait()
+        own = dict(target.namedparams())
+        side = dict(self.communicated_target.namedparams())
+        for name, param in own.items():
+            param.grad, side[name].grad = side[name].grad, param.grad
+        self.communicator.multi_node_mean_grad(  # type: ignore[call-arg]
+            self.communicated_target, self.zero_fill, stream=self.stream
+        )
+        if self.has_pending_grads:
+            self.actual_optimizer.update(None)
+        self._set_own("has_pending_grads", True)
+
+
+def create_multi_node_optimizer(
+    actual_optimizer: chainer.Optimizer,
+    communicator: CommunicatorBase,
+    double_buffering: bool = False,
+    zero_fill: bool = True,
+) -> Any:
+    """Wrap ``actual_optimizer`` so its updates are synchronised over ``communicator``'s ranks.
+
+    ``zero_fill``: gradients of initialised parameters that got none (an unused branch) are
+    averaged as zeros, so every rank reduces the same arrays. ``double_buffering`` overlaps the
+    averaging with the next step on a side CUDA stream and needs the ``pure_nccl`` communicator.
+    """
+    if double_buffering:
+        if getattr(communicator, "name", None) != "pure_nccl":
+            raise ValueError(
+                "double_buffering=True needs the 'pure_nccl' communicator "
+                f"(got {getattr(communicator, 'name', type(communicator).__name__)!r}): "
+                "it averages gradients on a side CUDA stream"
+            )
+        return DoubleBufferingOptimizer(actual_optimizer, communicator, zero_fill)
+    return MultiNodeOptimizer(actual_optimizer, communicator, zero_fill)

@@ -1,0 +1,47 @@
+"""Shared by the rank scripts in this folder: the communicator under test and comparison helpers.
+
+Each rank script runs many checks in one MPI launch and prints ``PASS <name>`` per check; a
+failing check raises, which ends the job with a non-zero exit (the pytest side then shows every
+rank's output).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+
+def make_comm() -> Any:
+    """The communicator named by ``MNIFY_TEST_COMM`` (default ``naive``)."""
+    if os.environ.get("MNIFY_DEV_SHIM"):
+        import sys
+
+        sys.path.insert(0, "/tmp/mnshim")
+        from shimcomm import Shim  # type: ignore[import-not-found]
+
+        return Shim()
+    from mnify import runtime as mn
+
+    return mn.create_communicator(os.environ.get("MNIFY_TEST_COMM", "naive"))
+
+
+def assert_close(actual: Any, expected: Any, what: str, rtol: float = 1e-5) -> None:
+    """``actual`` equals ``expected`` within ``rtol`` relative to the largest expected magnitude."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{what}: shape {actual.shape} != expected {expected.shape}")
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-12)
+    err = float(np.max(np.abs(actual - expected), initial=0.0)) / scale
+    if not err <= rtol:
+        raise AssertionError(
+            f"{what}: relative error {err:.3g} > {rtol:g}\n{actual}\n!=\n{expected}"
+        )
+
+
+def report(comm: Any, name: str) -> None:
+    """Every rank reached this point with its checks passed."""
+    comm.barrier()
+    print(f"PASS {name}", flush=True)
