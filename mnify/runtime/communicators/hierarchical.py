@@ -1,0 +1,46 @@
+"""``hierarchical``: reduce inside each host, all-reduce among host leaders, broadcast back.
+
+Only one rank per host (its leader, ``intra_rank == 0``) sends over the network, so inter-host
+traffic shrinks by the number of ranks per host. Packing and bucketing are the flat
+communicator's; only how one bucket is all-reduced differs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from mnify.runtime.communicators.base import CommunicatorBase
+
+
+class HierarchicalCommunicator(CommunicatorBase):
+    """Two-level reductions: intra-host Reduce, inter-leader Allreduce, intra-host Bcast."""
+
+    name = "hierarchical"
+
+    def __init__(self, mpi_comm: MPI.Intracomm | None = None, **options: Any) -> None:
+        super().__init__(mpi_comm, **options)
+        self.intra_comm: MPI.Comm = self.mpi_comm.Split(self.inter_rank, self.rank)
+        leader = self.intra_rank == 0
+        self.inter_comm: MPI.Comm = self.mpi_comm.Split(0 if leader else MPI.UNDEFINED, self.rank)
+
+    def _reduce_inplace(self, buf: np.ndarray, op: MPI.Op) -> None:
+        leader = self.intra_rank == 0
+        for piece in self._chunks(buf):
+            if self.intra_size > 1:
+                if leader:
+                    self._mpi(self.intra_comm, "Reduce", MPI.IN_PLACE, piece, op, root=0)
+                else:
+                    self._mpi(self.intra_comm, "Reduce", piece, None, op, root=0)
+            if leader and self.inter_size > 1:
+                self._mpi(self.inter_comm, "Allreduce", MPI.IN_PLACE, piece, op)
+            if self.intra_size > 1:
+                self._mpi(self.intra_comm, "Bcast", piece, root=0)
+
+    def _free_comms(self) -> None:
+        self.intra_comm.Free()
+        if self.inter_comm != MPI.COMM_NULL:
+            self.inter_comm.Free()
+        super()._free_comms()

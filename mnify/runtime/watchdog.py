@@ -1,0 +1,173 @@
+"""Collective watchdog: a collective that waits too long raises instead of hanging the job.
+
+Seed 000 (nnabla's ``NNABLA_MPI_WATCH_DOG_*``): a rank that never arrives at a collective hangs
+every other rank forever. With ``MNIFY_WATCHDOG_TIMEOUT=SECONDS`` set, communicators start every
+MPI call non-blocking and :meth:`Watchdog.wait` polls it with ``Test()`` against a deadline
+(spinning briefly, then sleeping in short steps so waiting ranks leave the CPU to the others).
+On expiry it raises :class:`~mnify.runtime.errors.CollectiveTimeout` in the calling thread.
+
+Who is missing: each rank counts the collectives it has entered (``entered``). A daemon responder
+thread per watchdog answers "what is your counter?" on a private duplicate of the communicator.
+The rank that timed out asks every other rank, with a short deadline of its own; ranks whose
+counter is behind, or that do not answer, never arrived. The uncaught exception then ends the job
+(:mod:`mnify.runtime.failure`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from mnify.runtime.errors import CollectiveTimeout
+
+ENV = "MNIFY_WATCHDOG_TIMEOUT"
+_QUERY_TAG = 7101
+_REPLY_TAG = 7102
+# Polling: this many Test() calls back to back, then sleeps doubling up to _MAX_SLEEP. Open MPI
+# progresses non-blocking collectives only inside MPI calls, so the sleeps must stay short.
+_SPIN_TESTS = 2000
+_FIRST_SLEEP = 5e-5
+_MAX_SLEEP = 1e-3
+_RESPONDER_SLEEP = 0.02
+
+
+def timeout_from_env() -> float | None:
+    """Seconds from ``MNIFY_WATCHDOG_TIMEOUT``; None (watchdog off) when unset, empty or <= 0."""
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV} must be a number of seconds, got {raw!r}") from None
+    return value if value > 0 else None
+
+
+_live: weakref.WeakSet[Watchdog] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _close_all() -> None:
+    for dog in list(_live):
+        dog.close()
+
+
+class Watchdog:
+    """Deadline-bounded waits on one communicator's requests, plus its responder thread.
+
+    Collective: every rank of ``comm`` must create it (it duplicates ``comm``).
+    """
+
+    def __init__(self, comm: MPI.Intracomm, timeout: float) -> None:
+        global _atexit_registered
+        self.timeout = float(timeout)
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.entered = 0
+        self.kind = ""
+        self._peer: int | None = None
+        self._deadline = 0.0
+        self._queries = comm.Dup()
+        self._stop = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._respond, name=f"mnify-watchdog-r{self.rank}", daemon=True
+        )
+        self._thread.start()
+        _live.add(self)
+        if not _atexit_registered:
+            # Registered after mpi4py's own exit hook, so it runs first: the responder threads
+            # stop before MPI is finalized underneath them.
+            atexit.register(_close_all)
+            _atexit_registered = True
+
+    # -- the calling thread --------------------------------------------------------------------
+
+    def start(self, kind: str, seq: int, peer: int | None = None) -> None:
+        """A collective numbered ``seq`` begins now; its waits share one deadline.
+
+        ``peer``: a point-to-point call with that rank (not counted as a collective); on expiry
+        that rank is the one missing, no query needed.
+        """
+        self.kind = kind
+        self.entered = seq
+        self._peer = peer
+        self._deadline = time.monotonic() + self.timeout
+
+    def wait(self, request: MPI.Request) -> None:
+        self.waitall([request])
+
+    def waitall(self, requests: Sequence[MPI.Request]) -> None:
+        """Return when all ``requests`` complete; raise CollectiveTimeout past the deadline."""
+        pending = list(requests)
+        for _ in range(_SPIN_TESTS):
+            if MPI.Request.Testall(pending):
+                return
+        pause = _FIRST_SLEEP
+        while time.monotonic() < self._deadline:
+            if MPI.Request.Testall(pending):
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, _MAX_SLEEP)
+        if MPI.Request.Testall(pending):
+            return
+        missing = [self._peer] if self._peer is not None else self.missing_ranks(self.entered)
+        raise CollectiveTimeout(self.kind, self.entered, self.rank, self.timeout, missing)
+
+    def missing_ranks(self, seq: int) -> list[int]:
+        """Ask every other rank for its counter; those behind ``seq`` or silent are missing."""
+        others = [r for r in range(self.size) if r != self.rank]
+        replies = {r: np.full(1, -1, dtype=np.int64) for r in others}
+        query = np.array([seq], dtype=np.int64)
+        recvs = {r: self._queries.Irecv(replies[r], source=r, tag=_REPLY_TAG) for r in others}
+        sends = [self._queries.Isend(query, dest=r, tag=_QUERY_TAG) for r in others]
+        deadline = time.monotonic() + min(2.0, max(0.5, self.timeout / 2))
+        while time.monotonic() < deadline and not MPI.Request.Testall(list(recvs.values())):
+            time.sleep(0.005)
+        missing = []
+        for r, req in recvs.items():
+            if not req.Test():
+                req.Cancel()
+                missing.append(r)
+            elif int(replies[r][0]) < seq:
+                missing.append(r)
+        for req in sends:
+            if not req.Test():
+                req.Cancel()
+        return missing
+
+    # -- the responder thread -----------------------------------------------------------------
+
+    def _respond(self) -> None:
+        incoming = np.zeros(1, dtype=np.int64)
+        status = MPI.Status()
+        request = self._queries.Irecv(incoming, source=MPI.ANY_SOURCE, tag=_QUERY_TAG)
+        try:
+            while not self._stop.is_set():
+                if request.Test(status):
+                    answer = np.array([self.entered], dtype=np.int64)
+                    self._queries.Send(answer, dest=status.Get_source(), tag=_REPLY_TAG)
+                    request = self._queries.Irecv(incoming, source=MPI.ANY_SOURCE, tag=_QUERY_TAG)
+                else:
+                    self._stop.wait(_RESPONDER_SLEEP)
+        finally:
+            request.Cancel()
+            request.Wait()
+
+    def close(self) -> None:
+        """Stop the responder and free the private communicator (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._thread.join(timeout=5)
+        _live.discard(self)
+        if not MPI.Is_finalized():
+            self._queries.Free()

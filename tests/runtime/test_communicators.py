@@ -1,0 +1,53 @@
+"""The communicator contract on real ranks: every collective against numpy references.
+
+Each launch runs several communicators through ``comm_scripts/collectives.py`` so the suite pays
+for few ``mpiexec`` start-ups. Sizes 2 and 3 (odd sizes find off-by-one splits); faked host names
+give the hierarchical communicator several hosts on one machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.mpirun import run_ranks
+
+SCRIPTS = Path(__file__).parent / "comm_scripts"
+pytestmark = pytest.mark.mpi
+
+
+def _assert_done(run, n: int, names: list[str], suffix: str = "") -> None:  # type: ignore[no-untyped-def]
+    for r in range(n):
+        lines = run.rank_lines(r)
+        for name in names:
+            assert f"DONE {name}{suffix}" in lines, f"rank {r} did not finish {name}\n{run.output}"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_matches_numpy(n: int) -> None:
+    names = ["naive", "flat", "hierarchical", "auto"]
+    run = run_ranks(n, SCRIPTS / "collectives.py", names, timeout=180)
+    _assert_done(run, n, names)
+    # one host, CPU only: auto is flat
+    assert all("CLASS auto flat" in run.rank_lines(r) for r in range(n))
+
+
+@pytest.mark.parametrize(
+    ("hosts", "debug_and_watchdog"),
+    [("0,0,1,1", False), ("0,1,1", True)],
+    ids=["2x2-hosts-tiny-buckets", "hosts-2-1-debug-watchdog"],
+)
+def test_fake_hosts_hierarchical_and_flat(hosts: str, debug_and_watchdog: bool) -> None:
+    """Hierarchical over faked hosts, with 64-byte buckets so every array spans several
+    buckets; the second case also runs every collective under MNIFY_DEBUG and the watchdog."""
+    n = len(hosts.split(","))
+    env = {"MNIFY_FAKE_HOSTS": hosts, "MNIFY_SMALL_BUCKETS": "1"}
+    if debug_and_watchdog:
+        env |= {"MNIFY_DEBUG": "1", "MNIFY_WATCHDOG_TIMEOUT": "60"}
+    names = ["hierarchical", "auto"] if not debug_and_watchdog else ["hierarchical", "naive"]
+    run = run_ranks(n, SCRIPTS / "collectives.py", names, env=env, timeout=180)
+    _assert_done(run, n, names, suffix="/small")
+    if not debug_and_watchdog:
+        # auto picks hierarchical when hosts hold several ranks
+        assert all("CLASS auto/small hierarchical" in run.rank_lines(r) for r in range(n))
