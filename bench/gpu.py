@@ -1,0 +1,285 @@
+"""GPU benchmark of mnify's CUDA kernels, as ratios against baselines measured in the same run.
+
+- pack + unpack of ResNet-50's gradients (161 arrays, 25.6 M parameters) with the 1/size scale
+  fused, against a device-to-device copy of the same bytes (goal: >= 0.8 of its speed), and
+  against a per-array CuPy loop (what the fused single launch replaces);
+- the batch-norm statistics kernel (sum and sum of squares per channel, one pass) against
+  CuPy's own ``x.sum(axis)`` plus ``(x * x).sum(axis)`` on ResNet-50's activation shapes;
+- the channel gather of ParallelConvolution2D against per-rank slice assignment.
+
+Run: ``python bench/gpu.py [--json FILE] [--repeat N]`` (needs CuPy and a GPU, no Chainer).
+With ``$OUT`` set the JSON also goes to ``$OUT/bench_gpu.json``. Never part of the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script from anywhere
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def resnet50_param_shapes() -> list[tuple[int, ...]]:
+    """Parameter shapes of ResNet-50 (Chainer's ResNet50Layers: convs without bias, BN, fc).
+
+    161 arrays and 25,557,032 parameters, in the order the model registers them.
+    """
+    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
+    in_ch = 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        out_ch = 4 * width
+        for b in range(blocks):
+            shapes += [(width, in_ch, 1, 1), (width,), (width,)]
+            shapes += [(width, width, 3, 3), (width,), (width,)]
+            shapes += [(out_ch, width, 1, 1), (out_ch,), (out_ch,)]
+            if b == 0:
+                shapes += [(out_ch, in_ch, 1, 1), (out_ch,), (out_ch,)]
+            in_ch = out_ch
+    shapes += [(1000, 2048), (1000,)]
+    return shapes
+
+
+# (N, C, H, W) of the activations ResNet-50's batch norms see at batch 32
+RESNET50_BN_SHAPES: list[tuple[int, int, int, int]] = [
+    (32, 64, 112, 112),
+    (32, 64, 56, 56),
+    (32, 256, 56, 56),
+    (32, 128, 28, 28),
+    (32, 512, 28, 28),
+    (32, 256, 14, 14),
+    (32, 1024, 14, 14),
+    (32, 512, 7, 7),
+    (32, 2048, 7, 7),
+]
+
+
+def time_gpu(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> float:
+    """Median seconds of ``fn`` on the current stream, measured with CUDA events."""
+    import cupy  # type: ignore[import-not-found]
+
+    for _ in range(warmup):
+        fn()
+    cupy.cuda.get_current_stream().synchronize()
+    times = []
+    for _ in range(repeat):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+    return statistics.median(times)
+
+
+def bench_pack(repeat: int) -> dict[str, Any]:
+    import cupy
+    import numpy as np
+
+    from mnify.runtime import kernels
+
+    shapes = resnet50_param_shapes()
+    grads = [cupy.random.standard_normal(s, dtype=np.float32) for s in shapes]
+    total = sum(g.size for g in grads)
+    results: dict[str, Any] = {"arrays": len(grads), "params": int(total)}
+    scale = 1.0 / 8
+    for bucket_dtype in (np.float32, np.float16):
+        buf = cupy.empty(total, dtype=bucket_dtype)
+        nbytes = total * 4  # the gradient bytes each direction reads or writes
+        src = cupy.empty(nbytes, dtype=np.uint8)
+        dst = cupy.empty(nbytes, dtype=np.uint8)
+
+        def copy(dst: Any = dst, src: Any = src) -> None:
+            dst.data.copy_from_device_async(src.data, src.nbytes)
+
+        def pack_unpack(buf: Any = buf) -> None:
+            kernels.pack(grads, buf, scale)
+            kernels.unpack(buf, grads, scale)
+
+        def per_array(buf: Any = buf) -> None:
+            offset = 0
+            for g in grads:
+                buf[offset : offset + g.size] = (g.reshape(-1) * scale).astype(buf.dtype)
+                offset += g.size
+            offset = 0
+            for g in grads:
+                g[...] = (buf[offset : offset + g.size].reshape(g.shape) * scale).astype(g.dtype)
+                offset += g.size
+
+        # correctness of what is being timed: one round trip with scale 1 restores the grads
+        before = [g.copy() for g in grads[:3]]
+        kernels.pack(grads, buf, 1.0)
+        kernels.unpack(buf, grads, 1.0)
+        tol = 0 if bucket_dtype == np.float32 else 1e-2
+        for a, b in zip(before, grads[:3], strict=True):
+            assert float(cupy.abs(a - b).max()) <= tol * float(cupy.abs(a).max()), "round trip"
+
+        t_copy = time_gpu(copy, repeat)
+        t_fused = time_gpu(pack_unpack, repeat)
+        t_loop = time_gpu(per_array, max(3, repeat // 4))
+        name = np.dtype(bucket_dtype).name
+        results[f"float32->{name}"] = {
+            "copy_GBps": 2 * nbytes / (2 * t_copy) / 1e9,
+            "pack_unpack_s": t_fused,
+            "copy_x2_s": 2 * t_copy,
+            "per_array_s": t_loop,
+            # the goal (float32 bucket): >= 0.8 of two device-to-device copies of the bytes
+            "ratio_vs_copy": (2 * t_copy) / t_fused,
+            "speedup_vs_per_array": t_loop / t_fused,
+        }
+    return results
+
+
+def _cupy_channel_sums(x: Any, axes: tuple[int, ...]) -> None:
+    x.sum(axis=axes)
+    (x * x).sum(axis=axes)
+
+
+def _gather_by_slices(flat: Any, counts: list[int], out: Any) -> None:
+    n, spatial = out.shape[0], tuple(out.shape[2:])
+    offset = c0 = 0
+    for cr in counts:
+        block = n * cr * math.prod(spatial)
+        out[:, c0 : c0 + cr] = flat[offset : offset + block].reshape(n, cr, *spatial)
+        offset, c0 = offset + block, c0 + cr
+
+
+def bench_bn(repeat: int) -> list[dict[str, Any]]:
+    import cupy
+    import numpy as np
+
+    from mnify.runtime import kernels
+
+    rows = []
+    for dtype in (np.float32, np.float16):
+        for shape in RESNET50_BN_SHAPES:
+            x = cupy.random.standard_normal(shape, dtype=np.float32).astype(dtype)
+            axes = (0, 2, 3)
+            ours = functools.partial(kernels.channel_sums, x)
+            cupy_sums = functools.partial(_cupy_channel_sums, x, axes)
+
+            got_sum, got_sq = kernels.channel_sums(x)
+            x64 = x.astype(np.float64)
+            ref_sum, ref_sq = x64.sum(axis=axes), (x64 * x64).sum(axis=axes)
+            err = float(cupy.abs(got_sq - ref_sq).max() / cupy.abs(ref_sq).max())
+            err = max(err, float(cupy.abs(got_sum - ref_sum).max() / cupy.abs(ref_sq).max()))
+            t_ours = time_gpu(ours, repeat)
+            t_cupy = time_gpu(cupy_sums, repeat)
+            rows.append(
+                {
+                    "dtype": np.dtype(dtype).name,
+                    "shape": list(shape),
+                    "ours_s": t_ours,
+                    "cupy_s": t_cupy,
+                    "speedup_vs_cupy": t_cupy / t_ours,
+                    "GBps": x.nbytes / t_ours / 1e9,
+                    "max_rel_err": err,
+                }
+            )
+    return rows
+
+
+def bench_gather(repeat: int) -> list[dict[str, Any]]:
+    import cupy
+    import numpy as np
+
+    from mnify.runtime import kernels
+
+    rows = []
+    for size, (n, c, h, w) in ((4, (32, 256, 28, 28)), (3, (32, 512, 14, 14))):
+        counts = [c // size + (1 if r < c % size else 0) for r in range(size)]
+        spatial = (h, w)
+        flat = cupy.random.standard_normal(n * c * h * w, dtype=np.float32)
+        out = cupy.empty((n, c, h, w), dtype=np.float32)
+
+        ours = functools.partial(kernels.gather_channels, flat, counts, n, spatial, out)
+        slices = functools.partial(_gather_by_slices, flat, counts, out)
+
+        ours()
+        expect = out.copy()
+        slices()
+        assert bool((expect == out).all()), "gather_channels disagrees with slicing"
+        t_ours = time_gpu(ours, repeat)
+        t_slices = time_gpu(slices, repeat)
+        rows.append(
+            {
+                "ranks": size,
+                "shape": [n, c, h, w],
+                "ours_s": t_ours,
+                "slices_s": t_slices,
+                "speedup_vs_slices": t_slices / t_ours,
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args(argv)
+
+    import cupy
+
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    report: dict[str, Any] = {
+        "device": name,
+        "cupy": cupy.__version__,
+        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+    }
+    print(f"device {name}, CuPy {cupy.__version__}")
+
+    report["pack"] = pack = bench_pack(args.repeat)
+    print(f"pack+unpack of ResNet-50 gradients ({pack['arrays']} arrays, {pack['params']:,}):")
+    for key in ("float32->float32", "float32->float16"):
+        r = pack[key]
+        print(
+            f"  {key:18s} {r['pack_unpack_s'] * 1e3:8.3f} ms  "
+            f"vs 2 copies {r['copy_x2_s'] * 1e3:8.3f} ms: ratio {r['ratio_vs_copy']:.2f}  "
+            f"(per-array loop {r['speedup_vs_per_array']:.1f}x slower)"
+        )
+    goal = pack["float32->float32"]["ratio_vs_copy"]
+    print(
+        f"  goal >= 0.80 of copy bandwidth (float32 bucket): {'MET' if goal >= 0.8 else 'MISSED'}"
+    )
+
+    report["bn"] = bn = bench_bn(args.repeat)
+    print("channel_sums vs CuPy x.sum + (x*x).sum:")
+    for r in bn:
+        print(
+            f"  {r['dtype']:8s} {str(tuple(r['shape'])):22s} {r['ours_s'] * 1e6:9.1f} us "
+            f"vs {r['cupy_s'] * 1e6:9.1f} us: {r['speedup_vs_cupy']:5.2f}x  "
+            f"{r['GBps']:7.1f} GB/s  rel err {r['max_rel_err']:.1e}"
+        )
+    geo = math.exp(statistics.fmean(math.log(r["speedup_vs_cupy"]) for r in bn))
+    report["bn_geomean_speedup"] = geo
+    print(f"  geometric mean speedup {geo:.2f}x")
+
+    report["gather"] = gather = bench_gather(args.repeat)
+    for r in gather:
+        print(
+            f"gather_channels {r['ranks']} ranks {tuple(r['shape'])}: "
+            f"{r['speedup_vs_slices']:.2f}x vs per-rank slicing"
+        )
+
+    text = json.dumps(report, indent=2)
+    if args.json:
+        args.json.write_text(text)
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        Path(out_dir, "bench_gpu.json").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
