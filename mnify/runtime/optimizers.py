@@ -16,9 +16,9 @@ With uneven batches each rank's examples weigh ``1 / (size * local_batch)``; sca
 by ``local_batch * size / global_batch`` to weight every example equally.
 
 ChainerMN's first update only broadcasts, so the first batch is lost. Here, when ``update`` is
-given a loss function (as ``StandardUpdater`` does), parameters that exist before the forward are
-broadcast first, and if the forward creates new ones the step is computed again after their
-broadcast: no batch is lost. Only ``update()`` without a loss function (gradients computed by the
+given a loss function (as ``StandardUpdater`` does), the parameters are broadcast before the
+forward; lazily initialised ones are first created by a forward run in Chainer's
+``in_recomputing`` mode (no gradients, batch-norm statistics untouched). No batch is lost. Only ``update()`` without a loss function (gradients computed by the
 caller on parameters that were not yet in sync) still skips that one step.
 """
 
@@ -127,9 +127,14 @@ class MultiNodeOptimizer(_WrapperBase):
             if self._broadcast_if_changed():
                 return
         else:
-            self._broadcast_if_changed()  # parameters that exist before the forward
+            if any(shape is None for _, shape in param_signature(self._target)):
+                # Let a forward create the lazy parameters, so that they are broadcast before
+                # the step. ``in_recomputing`` keeps batch norm's running statistics out of it.
+                with chainer.using_config("in_recomputing", True), chainer.no_backprop_mode():
+                    lossfun(*args, **kwds)
+            self._broadcast_if_changed()
             self._compute_grads(lossfun, args, kwds)
-            if self._broadcast_if_changed():  # the forward initialised new parameters
+            if self._broadcast_if_changed():  # the forward still created parameters: redo it
                 self._compute_grads(lossfun, args, kwds)
         self.communicator.multi_node_mean_grad(self._target, self.zero_fill)
         self.actual_optimizer.update(None)

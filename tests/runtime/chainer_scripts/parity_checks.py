@@ -1,0 +1,276 @@
+"""Rank script: N ranks training data parallel == one process training on the concatenated batch.
+
+Each rank starts from its own random initialisation (seed 100 + rank) and trains a few steps on
+its slice of every global batch with ``create_multi_node_optimizer`` and
+MultiNodeBatchNormalization. The reference, computed on every rank, is one process starting
+from rank 0's initialisation and training with plain BatchNormalization on the concatenated
+batch. Parameters and running statistics must agree within 1e-5 relative, and be identical
+on every rank.
+
+Gradient semantics (documented in mnify.runtime.optimizers): ranks average their gradients
+with equal weight, so the reference loss is the mean over ranks of each rank's batch-mean
+loss. A second variant scales each rank's loss by ``local_batch * size / global_batch`` and
+matches the plain mean over the global batch.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+import numpy as np
+from script_support import assert_close, make_comm, report
+
+from mnify import runtime as mn
+from mnify.runtime.links.create_mnbn_model import create_mnbn_model
+
+chainer.global_config.dtype = np.dtype(np.float64)  # exact arithmetic: parity errors ~1e-12
+comm = make_comm()
+rank, size = comm.rank, comm.size
+
+BnFactory = Callable[[int], chainer.Link]
+
+
+def plain_bn(channels: int) -> chainer.Link:
+    return L.BatchNormalization(channels, decay=0.8)
+
+
+def multi_node_bn(channels: int) -> chainer.Link:
+    return mn.links.MultiNodeBatchNormalization(channels, comm, decay=0.8)
+
+
+class MLP(chainer.Chain):
+    """Linear -> BN -> relu -> Linear; the first layer may be lazily initialised."""
+
+    def __init__(self, bn: BnFactory, lazy: bool) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(None if lazy else 5, 6)
+            self.bn = bn(6)
+            self.l2 = L.Linear(6, 3)
+
+    def forward(self, x: Any) -> Any:
+        return self.l2(F.relu(self.bn(self.l1(x))))
+
+
+class CNN(chainer.Chain):
+    """Conv -> BN -> relu -> Conv -> BN -> relu -> Linear over 2x4x4 inputs."""
+
+    def __init__(self, bn: BnFactory) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(2, 4, 3, pad=1)
+            self.b1 = bn(4)
+            self.c2 = L.Convolution2D(4, 3, 3, pad=1)
+            self.b2 = bn(3)
+            self.fc = L.Linear(3 * 4 * 4, 3)
+
+    def forward(self, x: Any) -> Any:
+        h = F.relu(self.b1(self.c1(x)))
+        return self.fc(F.relu(self.b2(self.c2(h))))
+
+
+def make_batches(steps: int, counts: list[int], input_shape: tuple[int, ...]) -> list[Any]:
+    """Global batches (same on every rank): inputs, labels, and each rank's slice of them."""
+    rng = np.random.RandomState(7)
+    bounds = np.cumsum([0, *counts])
+    slices = [slice(int(bounds[r]), int(bounds[r + 1])) for r in range(size)]
+    out = []
+    for _ in range(steps):
+        x = rng.randn(sum(counts), *input_shape)
+        t = rng.randint(0, 3, sum(counts)).astype(np.int32)
+        out.append((x, t, slices))
+    return out
+
+
+def persistent_arrays(model: chainer.Link) -> dict[str, Any]:
+    """Parameters and running statistics by path, as host arrays."""
+    found = {name: np.asarray(p.array) for name, p in model.namedparams()}
+    for path, link in model.namedlinks():
+        for name in ("avg_mean", "avg_var"):
+            if hasattr(link, name):
+                found[f"{path}/{name}"] = np.asarray(getattr(link, name))
+    return found
+
+
+def train_reference(
+    build: Callable[[], chainer.Link], batches: list[Any], per_example: bool, seed: int
+) -> chainer.Link:
+    np.random.seed(seed)
+    model = build()
+    opt = chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9)
+    opt.setup(model)
+    for x, t, slices in batches:
+
+        def loss_fn(x: Any = x, t: Any = t, slices: list[slice] = slices) -> Any:
+            y = model(x)  # one forward: batch norm sees the concatenated batch
+            if per_example:
+                return F.softmax_cross_entropy(y, t)
+            per_rank = [F.softmax_cross_entropy(y[s], t[s]) for s in slices]
+            return sum(per_rank) / len(per_rank)
+
+        np.random.seed(seed)  # lazy parameters draw the same numbers as rank 0
+        opt.update(loss_fn)
+    return model
+
+
+def train_ranks(
+    build: Callable[[], chainer.Link], batches: list[Any], per_example: bool, seed: int
+) -> tuple[chainer.Link, Any]:
+    np.random.seed(seed + rank)  # every rank starts from its own initialisation
+    model = build()
+    opt = mn.create_multi_node_optimizer(chainer.optimizers.MomentumSGD(lr=0.1, momentum=0.9), comm)
+    opt.setup(model)
+    for x, t, slices in batches:
+        mine = slices[rank]
+        weight = (mine.stop - mine.start) * size / len(t) if per_example else 1.0
+
+        def loss_fn(x: Any = x[mine], t: Any = t[mine], weight: float = weight) -> Any:
+            return F.softmax_cross_entropy(model(x), t) * weight
+
+        np.random.seed(seed + rank)
+        opt.update(loss_fn)
+    return model, opt
+
+
+def check_parity(
+    name: str,
+    build_mn: Callable[[], chainer.Link],
+    build_ref: Callable[[], chainer.Link],
+    counts: list[int],
+    input_shape: tuple[int, ...],
+    per_example: bool = False,
+    steps: int = 3,
+) -> None:
+    batches = make_batches(steps, counts, input_shape)
+    model, opt = train_ranks(build_mn, batches, per_example, seed=100)
+    ref = train_reference(build_ref, batches, per_example, seed=100)
+    assert opt.t == steps, f"{name}: {opt.t} updates applied, expected {steps} (a batch was lost)"
+    mine, expected = persistent_arrays(model), persistent_arrays(ref)
+    assert sorted(mine) == sorted(expected), (sorted(mine), sorted(expected))
+    for key in expected:
+        assert_close(mine[key], expected[key], f"{name} counts={counts} {key}", rtol=1e-5)
+    everyone = comm.allgather_obj(mine)
+    for other in everyone:
+        for key in expected:
+            if not np.array_equal(other[key], everyone[0][key]):
+                raise AssertionError(f"{name}: {key} differs between ranks")
+
+
+even = [4] * size
+uneven = [3, 5] if size == 2 else [2, 3, 4, *([3] * (size - 3))]
+
+
+def mlp_mn() -> chainer.Link:
+    return MLP(multi_node_bn, lazy=False)
+
+
+def mlp_ref() -> chainer.Link:
+    return MLP(plain_bn, lazy=False)
+
+
+def cnn_mn() -> chainer.Link:
+    return create_mnbn_model(CNN(plain_bn), comm)
+
+
+def cnn_ref() -> chainer.Link:
+    return CNN(plain_bn)
+
+
+check_parity("mlp", mlp_mn, mlp_ref, even, (5,))
+check_parity("mlp", mlp_mn, mlp_ref, uneven, (5,))
+report(comm, "MLP with MultiNodeBatchNormalization, even and uneven batches")
+
+check_parity("cnn", cnn_mn, cnn_ref, even, (2, 4, 4))
+check_parity("cnn", cnn_mn, cnn_ref, uneven, (2, 4, 4))
+report(comm, "CNN via create_mnbn_model, even and uneven batches")
+
+check_parity("mlp per-example", mlp_mn, mlp_ref, uneven, (5,), per_example=True)
+report(comm, "uneven batches with per-example loss weighting")
+
+check_parity(
+    "lazy mlp",
+    lambda: MLP(multi_node_bn, lazy=True),
+    lambda: MLP(plain_bn, lazy=True),
+    uneven,
+    (5,),
+)
+report(comm, "lazily initialised Linear(None, n): broadcast after init, no batch lost")
+
+
+def check_update_without_lossfun() -> None:
+    """Gradients computed by the caller: the first update only broadcasts (ChainerMN's rule)."""
+    np.random.seed(200 + rank)
+    model = MLP(multi_node_bn, lazy=False)
+    opt = mn.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.1), comm)
+    opt.setup(model)
+    np.random.seed(200)
+    rank0_init = persistent_arrays(MLP(plain_bn, lazy=False))
+    x = np.random.RandomState(rank).randn(4, 5)
+    t = np.zeros(4, np.int32)
+    for step in range(2):
+        model.cleargrads()
+        F.softmax_cross_entropy(model(x), t).backward()
+        opt.update()
+        params = {n: np.asarray(p.array) for n, p in model.namedparams()}
+        if step == 0:
+            assert opt.t == 0
+            for n, value in params.items():
+                assert np.array_equal(value, rank0_init[n]), f"{n} not rank 0's after broadcast"
+    assert opt.t == 1
+    everyone = comm.allgather_obj(params)
+    for other in everyone:
+        for n in params:
+            assert np.array_equal(other[n], params[n]), f"{n} differs between ranks"
+
+
+check_update_without_lossfun()
+report(comm, "update() without a loss function broadcasts first, then averages")
+
+
+def check_attribute_pass_through() -> None:
+    model = MLP(multi_node_bn, lazy=False)
+    actual = chainer.optimizers.MomentumSGD(lr=0.01)
+    opt = mn.create_multi_node_optimizer(actual, comm)
+    assert opt.setup(model) is opt
+    assert opt.target is model and actual.target is model
+    assert opt.lr == 0.01
+    opt.lr = 0.05
+    assert actual.lr == 0.05 and opt.lr == 0.05
+    opt.momentum = 0.5
+    assert actual.momentum == 0.5
+    hook_calls: list[Any] = []
+
+    def counting_hook(optimizer: Any) -> None:
+        hook_calls.append(optimizer)
+
+    opt.add_hook(counting_hook, name="counting")
+    x = np.random.RandomState(rank).randn(3, 5)
+    opt.update(lambda: F.sum(model(x)))
+    opt.update(lambda: F.sum(model(x)))
+    assert actual.t == opt.t == 2
+    assert hook_calls == [actual, actual], hook_calls
+    buffer = io.BytesIO()
+    chainer.serializers.save_npz(buffer, opt)
+    buffer.seek(0)
+    fresh = chainer.optimizers.MomentumSGD(lr=0.01)
+    fresh.setup(MLP(multi_node_bn, lazy=False))
+    chainer.serializers.load_npz(buffer, fresh)
+    assert fresh.t == 2
+    restored = dict(fresh.target.namedparams())
+    for name, param in model.namedparams():
+        assert np.array_equal(restored[name].update_rule.state["v"], param.update_rule.state["v"])
+    try:
+        mn.create_multi_node_optimizer(chainer.optimizers.SGD(), comm, double_buffering=True)
+    except ValueError as error:
+        assert "pure_nccl" in str(error)
+    else:
+        raise AssertionError("double_buffering on a CPU communicator must be refused")
+
+
+check_attribute_pass_through()
+report(comm, "attributes pass through to the wrapped optimizer")

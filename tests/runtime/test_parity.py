@@ -1,0 +1,28 @@
+"""The backbone: N ranks training data parallel reproduce one process on the concatenated batch.
+
+2 and 3 ranks, a small MLP and a small CNN with MultiNodeBatchNormalization, MomentumSGD, even
+and uneven per-rank batches, ranks starting from different random initialisations, a lazily
+initialised layer; plus the optimizer wrapper's first-update and pass-through behaviour.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.runtime.chainer_scripts.launch import run_script
+
+pytestmark = pytest.mark.mpi
+
+CHECKS = [
+    "MLP with MultiNodeBatchNormalization, even and uneven batches",
+    "CNN via create_mnbn_model, even and uneven batches",
+    "uneven batches with per-example loss weighting",
+    "lazily initialised Linear(None, n): broadcast after init, no batch lost",
+    "update() without a loss function broadcasts first, then averages",
+    "attributes pass through to the wrapped optimizer",
+]
+
+
+@pytest.mark.parametrize("n_ranks", [2, 3])
+def test_data_parallel_parity(n_ranks: int) -> None:
+    run_script(n_ranks, "parity_checks.py", CHECKS)
