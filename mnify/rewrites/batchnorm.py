@@ -1,0 +1,151 @@
+"""DESIGN.md section 1, step "batch norm": statistics over the global batch, not each shard.
+
+``L.BatchNormalization(size, ...)`` becomes ``mn.links.MultiNodeBatchNormalization(size, comm,
+...)``. Inside a model class of a converted file the class's ``__init__`` gains a keyword-only
+``comm`` parameter and every construction of the class (in any file of the conversion) passes
+``comm=comm``. For a model defined in a file that is not being converted (a sibling ``net.py``
+left out, or Chainer's ResNets), ``model = mn.links.create_mnbn_model(model, comm)`` follows
+the construction instead. Not under ``--model-parallel channel``: every rank sees the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+
+from mnify.rewrites import chainer_names as names
+from mnify.rewrites.context import FileContext
+
+# BatchNormalization's positional parameters after ``size`` (MultiNodeBatchNormalization puts
+# ``comm`` second, so these must become keywords).
+_BN_POSITIONAL = ("decay", "eps", "dtype", "use_gamma", "use_beta", "initial_gamma", "initial_beta")
+_UNSUPPORTED = {"axis", "initial_avg_mean", "initial_avg_var"}
+
+
+def plan(ctx: FileContext, external_bn: Callable[[str], bool]) -> None:
+    if not ctx.options.data_parallel:
+        return
+    mnbn = ctx.spell.links("MultiNodeBatchNormalization")
+    for call in ctx.facts.calls:
+        if not names.is_link(call.qname, "BatchNormalization"):
+            continue
+        if ctx.suppressed(call.node, "batchnorm"):
+            continue
+        keywords = {a.keyword.value for a in call.node.args if a.keyword is not None}
+        positional = [a for a in call.node.args if a.keyword is None]
+        if any(a.star for a in call.node.args):
+            ctx.note(
+                call.node, "batchnorm", "needs-person", "BatchNormalization(*args): convert by hand"
+            )
+            continue
+        if not positional and "size" not in keywords:
+            ctx.note(
+                call.node,
+                "batchnorm",
+                "needs-person",
+                "BatchNormalization without a size cannot become MultiNodeBatchNormalization",
+            )
+            continue
+        bad = sorted(keywords & _UNSUPPORTED)
+        if bad or len(positional) > 1 + len(_BN_POSITIONAL):
+            ctx.note(
+                call.node,
+                "batchnorm",
+                "needs-person",
+                f"BatchNormalization with {', '.join(bad) or 'extra arguments'} has no "
+                "multi-node equivalent: left as is (statistics stay per rank)",
+            )
+            continue
+        comm = ctx.comm_at(call.func, "BatchNormalization")
+        if comm is None:
+            ctx.note(
+                call.node,
+                "batchnorm",
+                "needs-person",
+                "BatchNormalization built where the communicator cannot be passed (not in "
+                f"__init__ or the entry point): use {mnbn}(size, comm) by hand",
+            )
+            continue
+        ctx.use_runtime()
+        ctx.plan.replace_node(call.node, _to_mnbn(mnbn, comm))
+        ctx.note(call.node, "batchnorm", "changed", f"BatchNormalization -> {mnbn}(..., comm)")
+    _wrap_external_models(ctx, external_bn)
+
+
+def _to_mnbn(func: str, comm: str) -> Callable[[cst.CSTNode], cst.CSTNode]:
+    def fn(node: cst.CSTNode) -> cst.CSTNode:
+        assert isinstance(node, cst.Call)
+        args = list(node.args)
+        out: list[cst.Arg] = []
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        positional = [a for a in args if a.keyword is None]
+        rest = [a for a in args if a.keyword is not None]
+        eq = cst.AssignEqual(
+            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+        )
+        if positional:
+            out.append(positional[0].with_changes(comma=comma))
+            out.append(cst.Arg(cst.parse_expression(comm), comma=comma))
+            for name, arg in zip(_BN_POSITIONAL, positional[1:], strict=False):
+                out.append(arg.with_changes(keyword=cst.Name(name), equal=eq, comma=comma))
+        else:
+            rest.append(cst.Arg(cst.parse_expression(comm), keyword=cst.Name("comm"), equal=eq))
+        out.extend(a.with_changes(comma=comma) for a in rest)
+        out[-1] = out[-1].with_changes(comma=args[-1].comma)
+        return node.with_changes(func=cst.parse_expression(func), args=out)
+
+    return fn
+
+
+def _wrap_external_models(ctx: FileContext, external_bn: Callable[[str], bool]) -> None:
+    """``model = mn.links.create_mnbn_model(model, comm)`` after models defined elsewhere."""
+    already = {
+        a.targets[0]
+        for a in ctx.facts.assigns
+        if len(a.targets) == 1
+        and isinstance(a.value, cst.Call)
+        and any(
+            c.node is a.value and names.last(c.qname) == "create_mnbn_model"
+            for c in ctx.facts.calls_by_stmt.get(id(a.stmt), [])
+        )
+    }
+    done: set[int] = set()
+    for call in ctx.facts.calls:
+        q = call.qname
+        library = names.under(q, "chainer.links") and names.last(q) in names.BN_LIBRARY_MODELS
+        if not (library or (q and not names.under(q, "chainer") and external_bn(q))):
+            continue
+        stmt = call.stmt
+        if stmt is None or id(stmt) in done:
+            continue
+        done.add(id(stmt))
+        target = next(
+            (a.targets[0] for a in ctx.facts.assigns if a.stmt is stmt and len(a.targets) == 1),
+            None,
+        )
+        if target is None or target in already:
+            if target is None:
+                ctx.note(
+                    call.node,
+                    "batchnorm",
+                    "needs-person",
+                    f"{q} contains BatchNormalization: wrap the model with create_mnbn_model",
+                )
+            continue
+        if ctx.suppressed(call.node, "batchnorm"):
+            continue
+        comm = ctx.comm_at(call.func, "create_mnbn_model")
+        if comm is None:
+            ctx.note(
+                call.node, "batchnorm", "needs-person", f"wrap {target} with create_mnbn_model"
+            )
+            continue
+        wrap = ctx.runtime.links("create_mnbn_model")
+        ctx.plan.insert_after(stmt, [cst.parse_statement(f"{target} = {wrap}({target}, {comm})\n")])
+        ctx.note(
+            call.node,
+            "batchnorm",
+            "changed",
+            f"{names.last(q)} is defined outside the converted files: {wrap}({target}, {comm})",
+        )

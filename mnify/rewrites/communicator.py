@@ -1,0 +1,231 @@
+"""DESIGN.md section 1, step "communicator": ``comm = mn.create_communicator(...)``.
+
+Finds the training entry point (right after ``args = parser.parse_args()``, else the top of
+``main()``, else module level after the imports) and, once the other rewrites have said they need
+a communicator there, inserts its creation. The communicator name is chosen at run time from
+the script's own device argument when only the run knows whether it uses a GPU: CPU runs get
+``naive`` (the CPU communicator), GPU runs ``pure_nccl``, unless ``--communicator`` says
+otherwise. The device rewrite's remap statement and the forkserver preamble are placed here too,
+because their order relative to the communicator matters.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mnify.rewrites import chainer_names as names
+from mnify.rewrites.context import Entry, FileContext
+
+
+def _dest(call: cst.Call) -> str | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "dest":
+            if isinstance(arg.value, cst.SimpleString):
+                return str(arg.value.evaluated_value)
+            return None
+    options = [
+        str(a.value.evaluated_value)
+        for a in call.args
+        if a.keyword is None and isinstance(a.value, cst.SimpleString)
+    ]
+    longs = [o for o in options if o.startswith("--")]
+    pick = longs[0] if longs else (options[0] if options else "")
+    return pick.lstrip("-").replace("-", "_") or None
+
+
+def _style(call: cst.Call) -> str:
+    kw = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    action = kw.get("action")
+    if isinstance(action, cst.SimpleString) and "store_" in str(action.evaluated_value):
+        return "flag"
+    typ = kw.get("type")
+    if isinstance(typ, cst.Name):
+        return "int" if typ.value == "int" else "str"
+    default = kw.get("default")
+    if isinstance(default, cst.SimpleString):
+        return "str"
+    return "int"
+
+
+DEVICE_DESTS = ("gpu", "device", "gpu_id", "gpuid")
+
+
+def find_entry(ctx: FileContext) -> None:
+    """Decide where the communicator lives; reads facts only."""
+    facts = ctx.facts
+    for a in facts.assigns:
+        if isinstance(a.value, cst.Call) and len(a.targets) == 1:
+            q = next((c.qname for c in facts.calls if c.node is a.value), "")
+            if names.last(q) == "create_communicator":
+                ctx.entry = Entry(func=a.func, comm=a.targets[0], exists=True)
+                break
+    entry = ctx.entry
+    if entry is None:
+        entry = _entry_from_parse_args(ctx)
+    if entry is None:
+        main = facts.module_functions.get("main")
+        if main is not None:
+            entry = Entry(func=main, top_of=main)
+        elif _module_level_training(ctx):
+            anchor = facts.imports[-1] if facts.imports else None
+            entry = Entry(func=None, anchor=anchor)
+    if entry is None:
+        return
+    ctx.entry = entry
+    if entry.args is None:
+        for a in facts.assigns:
+            if isinstance(a.value, cst.Call) and len(a.targets) == 1:
+                call = next((c for c in facts.calls if c.node is a.value), None)
+                if call is not None and call.method == "parse_args":
+                    entry.args = a.targets[0]
+    for call in facts.calls:
+        if call.method == "add_argument":
+            dest = _dest(call.node)
+            if dest in DEVICE_DESTS and entry.device_dest is None:
+                entry.device_dest = dest
+                entry.device_style = _style(call.node)
+
+
+def _entry_from_parse_args(ctx: FileContext) -> Entry | None:
+    facts = ctx.facts
+    for call in facts.calls:
+        if call.method != "parse_args":
+            continue
+        stmt = call.stmt
+        if stmt is None:
+            continue
+        target = _assigned_name(ctx, call.node)
+        if target is not None:
+            block = facts.block_of.get(id(stmt))
+            if block is not None and block.func is call.func:
+                return Entry(func=call.func, anchor=stmt, args=target)
+            if call.func is not None:
+                return Entry(func=call.func, top_of=call.func, args=target)
+        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Return):
+            helper = call.func
+            if helper is None:
+                continue
+            for site in facts.calls:
+                if site.qname == helper.name.value and site.stmt is not None:
+                    name = _assigned_name(ctx, site.node)
+                    block = facts.block_of.get(id(site.stmt))
+                    if name and block is not None and block.func is site.func:
+                        return Entry(func=site.func, anchor=site.stmt, args=name)
+    return None
+
+
+def _assigned_name(ctx: FileContext, value: cst.Call) -> str | None:
+    for a in ctx.facts.assigns:
+        if a.value is value and len(a.targets) == 1:
+            return a.targets[0]
+    return None
+
+
+def _module_level_training(ctx: FileContext) -> bool:
+    return any(
+        c.func is None
+        and (names.is_optimizer(c.qname) or names.is_iterator(c.qname) or names.is_trainer(c.qname))
+        for c in ctx.facts.calls
+    )
+
+
+def _chainer(ctx: FileContext) -> str:
+    local = ctx.facts.local_name_of("chainer")
+    if local is None:
+        ctx.imports_needed.add("import chainer")
+        return "chainer"
+    return local
+
+
+def gpu_test(ctx: FileContext) -> str | None:
+    """A run-time expression that is true when the script runs on a GPU, from its own flag."""
+    entry = ctx.entry
+    if entry is None or entry.args is None or entry.device_dest is None:
+        return None
+    arg = f"{entry.args}.{entry.device_dest}"
+    if entry.device_style == "int":
+        return f"{arg} >= 0"
+    if entry.device_style == "flag":
+        return arg
+    chainer = _chainer(ctx)
+    return f"isinstance({chainer}.get_device({arg}), {chainer}.backend.GpuDevice)"
+
+
+def uses_gpu_statically(ctx: FileContext) -> bool:
+    return any(
+        c.method in ("to_gpu",) or c.qname in names.DEVICE_FUNCTIONS for c in ctx.facts.calls
+    )
+
+
+def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
+    """``comm = ...create_communicator(...)`` and the device remap that follows it."""
+    entry = ctx.entry
+    assert entry is not None
+    create = ctx.runtime.top("create_communicator")
+    test = gpu_test(ctx)
+    if ctx.options.communicator != "auto":
+        name_expr = repr(ctx.options.communicator)
+    elif test is not None:
+        name_expr = f"'pure_nccl' if {test} else 'naive'"
+    elif uses_gpu_statically(ctx):
+        name_expr = "'pure_nccl'"
+    else:
+        name_expr = "'naive'"
+    out: list[cst.BaseStatement] = [cst.parse_statement(f"{entry.comm} = {create}({name_expr})\n")]
+    if test is not None:
+        arg = f"{entry.args}.{entry.device_dest}"
+        rank = f"{entry.comm}.intra_rank"
+        value = rank if entry.device_style != "str" else f"'@cupy:%d' % {rank}"
+        if entry.device_style == "flag":
+            value = "True"
+        if entry.device_style != "flag":
+            out.append(
+                cst.parse_statement(
+                    f"if {test}:\n"
+                    "    # one GPU per rank, numbered within the node (intra_rank, not rank)\n"
+                    f"    {arg} = {value}\n"
+                )
+            )
+    return out
+
+
+def emit(ctx: FileContext, preamble: list[cst.BaseStatement]) -> None:
+    """Insert the communicator (after the other rewrites decided they need it)."""
+    entry = ctx.entry
+    if entry is None or entry.exists or not ctx.comm_needed:
+        return
+    new = [*preamble, *creation_statements(ctx)]
+    if entry.anchor is not None:
+        if ctx.suppressed(entry.anchor, "communicator"):
+            return
+        ctx.plan.insert_after(entry.anchor, new)
+        where: cst.CSTNode = entry.anchor
+    elif entry.top_of is not None:
+        body = entry.top_of.body
+        assert isinstance(body, cst.IndentedBlock)
+        stmts = list(body.body)
+        first = 1 if stmts and _is_docstring(stmts[0]) and len(stmts) > 1 else 0
+        ctx.plan.insert_before(stmts[first], new)
+        where = stmts[first]
+    else:
+        stmts = list(ctx.module.body)
+        first = 1 if stmts and _is_docstring(stmts[0]) and len(stmts) > 1 else 0
+        ctx.plan.insert_before(stmts[first], new)
+        where = stmts[first]
+    ctx.note(where, "communicator", "changed", f"create the communicator ({entry.comm})")
+    if entry.device_dest is not None and gpu_test(ctx) is not None:
+        ctx.note(
+            where,
+            "device",
+            "changed",
+            f"GPU runs use GPU comm.intra_rank (set into {entry.args}.{entry.device_dest})",
+        )
+
+
+def _is_docstring(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )

@@ -1,0 +1,271 @@
+"""Per-file state shared by the rewrites: facts, the edit plan, the report, and comm access.
+
+``comm_at`` answers the question every rewrite asks before emitting ``comm``: can code at this
+spot see the communicator? Inside the training entry point it can. In a module-level helper
+function or a model class's ``__init__`` it cannot, so the helper/class gains a keyword-only
+``comm`` parameter and its call sites pass ``comm=comm`` (threading, finished by
+:meth:`FileContext.thread_calls` once every file of a conversion has been planned).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from mnify.rewrites.edits import EditPlan
+from mnify.rewrites.facts import CallFact, Facts
+from mnify.rewrites.options import ConvertOptions, Spelling
+from mnify.rewrites.report import ReportEntry, Severity
+
+# One code per step: a `noqa` comment naming MN803 on a line keeps that step off the line.
+STEP_CODES: dict[str, str] = {
+    "communicator": "MN801",
+    "device": "MN802",
+    "optimizer": "MN803",
+    "dataset": "MN804",
+    "evaluator": "MN805",
+    "rank0-guard": "MN806",
+    "batchnorm": "MN807",
+    "fork-hazard": "MN808",
+    "scaling": "MN809",
+    "model-parallel": "MN810",
+    "threading": "MN811",
+}
+
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.I)
+FILE_NOQA = re.compile(r"^\s*#\s*mnify:\s*noqa\b", re.M | re.I)
+
+
+@dataclass(eq=False)
+class Entry:
+    """Where the training entry point is and what the communicator is called there."""
+
+    func: cst.FunctionDef | None  # None: module level
+    comm: str = "comm"
+    exists: bool = False  # the file already creates a communicator (converted before)
+    anchor: cst.BaseStatement | None = None  # comm goes right after this statement
+    top_of: cst.FunctionDef | None = None  # ... or at the top of this function's body
+    args: str | None = None  # the argparse namespace variable
+    device_dest: str | None = None
+    device_style: str | None = None  # int | str | flag
+
+
+@dataclass(eq=False)
+class FileContext:
+    path: str
+    module_name: str
+    source: str
+    wrapper: MetadataWrapper
+    module: cst.Module
+    facts: Facts
+    options: ConvertOptions
+    plan: EditPlan = field(default_factory=EditPlan)
+    entries: list[ReportEntry] = field(default_factory=list)
+    entry: Entry | None = None
+    comm_needed: bool = False
+    needs_comm_funcs: dict[str, cst.FunctionDef] = field(default_factory=dict)
+    needs_comm_classes: dict[str, cst.ClassDef] = field(default_factory=dict)
+    imports_needed: set[str] = field(default_factory=set)
+    _positions: object | None = None
+    _threaded_sites: set[int] = field(default_factory=set)
+
+    @property
+    def spell(self) -> Spelling:
+        return Spelling(self.options.target)
+
+    @property
+    def runtime(self) -> Spelling:
+        """The spelling of runtime names, noting that the file now needs the runtime import."""
+        self.use_runtime()
+        return self.spell
+
+    def use_runtime(self) -> None:
+        self.imports_needed.add(self.spell.import_line)
+
+    # positions, noqa, report ----------------------------------------------------------
+    def line(self, node: cst.CSTNode) -> int:
+        if self._positions is None:
+            self._positions = self.wrapper.resolve(PositionProvider)
+        pos = self._positions.get(node)  # type: ignore[attr-defined]
+        return int(pos.start.line) if pos is not None else 0
+
+    def suppressed(self, node: cst.CSTNode, step: str) -> bool:
+        """``# noqa`` or ``# noqa: <this step's code>`` on the node's first line."""
+        if "noqa" not in self.source:
+            return False
+        lineno = self.line(node)
+        lines = self.source.splitlines()
+        if not 0 < lineno <= len(lines):
+            return False
+        match = _NOQA.search(lines[lineno - 1])
+        if match is None:
+            return False
+        codes = match.group("codes")
+        if not codes:
+            return True
+        return STEP_CODES.get(step, "") in re.split(r"[\s,]+", codes.upper())
+
+    def note(self, node: cst.CSTNode | None, step: str, severity: Severity, message: str) -> None:
+        line = self.line(node) if node is not None else 1
+        self.entries.append(
+            ReportEntry(self.path, line, step, severity, message, STEP_CODES.get(step, ""))
+        )
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    # comm access ----------------------------------------------------------------------
+    def _inside(self, func: cst.FunctionDef | None, outer: cst.FunctionDef) -> bool:
+        scope: object = func
+        while scope is not None:
+            if scope is outer:
+                return True
+            scope = self.facts.func_parent.get(id(scope))
+        return False
+
+    def _outermost(self, func: cst.FunctionDef) -> cst.FunctionDef | cst.ClassDef:
+        scope: cst.FunctionDef | cst.ClassDef = func
+        while True:
+            parent = self.facts.func_parent.get(id(scope))
+            if parent is None:
+                return scope
+            scope = parent
+
+    def visible(self, func: cst.FunctionDef | None) -> bool:
+        """Whether code in ``func`` sees the entry point's communicator without threading."""
+        entry = self.entry
+        return entry is not None and (
+            entry.func is None or (func is not None and self._inside(func, entry.func))
+        )
+
+    def comm_at(self, func: cst.FunctionDef | None, why: str) -> str | None:
+        """The expression naming the communicator at code inside ``func`` (None: module level).
+
+        Returns None when the communicator cannot reach that spot; threading a ``comm``
+        parameter into a module-level function or a top-level class's ``__init__`` is arranged
+        here. ``why`` names the construct, for the report.
+        """
+        entry = self.entry
+        if entry is not None and (
+            entry.func is None or (func is not None and self._inside(func, entry.func))
+        ):
+            self.comm_needed = True
+            return entry.comm
+        if func is None:
+            return None
+        outer = self._outermost(func)
+        if isinstance(outer, cst.ClassDef):
+            method = func
+            while self.facts.func_parent.get(id(method)) is not outer:
+                parent = self.facts.func_parent.get(id(method))
+                assert isinstance(parent, cst.FunctionDef)
+                method = parent
+            if method.name.value != "__init__" or outer.name.value not in self.facts.classes:
+                return None
+            self._add_comm_param(method)
+            self.needs_comm_classes[outer.name.value] = outer
+            return "comm"
+        self._add_comm_param(outer)
+        self.needs_comm_funcs[outer.name.value] = outer
+        return "comm"
+
+    def _add_comm_param(self, func: cst.FunctionDef) -> None:
+        params = func.params
+        existing = [p.name.value for p in (*params.params, *params.kwonly_params)]
+        if "comm" in existing or id(func) in self._threaded_sites:
+            return
+        self._threaded_sites.add(id(func))
+
+        def add(node: cst.CSTNode) -> cst.CSTNode:
+            assert isinstance(node, cst.FunctionDef)
+            p = node.params
+            star = p.star_arg
+            if isinstance(star, cst.MaybeSentinel):
+                star = cst.ParamStar()
+            return node.with_changes(
+                params=p.with_changes(
+                    star_arg=star, kwonly_params=[*p.kwonly_params, cst.Param(cst.Name("comm"))]
+                )
+            )
+
+        self.plan.replace_node(func, add)
+
+    def thread_calls(self, callees: dict[str, str]) -> bool:
+        """Pass ``comm=`` at every call of a function/class that now takes ``comm``.
+
+        ``callees`` maps a qualified name as seen from this file to a readable label. Returns
+        whether this added new callees of its own (the project repeats until stable).
+        """
+        before = len(self.needs_comm_funcs) + len(self.needs_comm_classes)
+        for call in self.facts.calls:
+            label = self._callee_label(call, callees)
+            if label is None or id(call.node) in self._threaded_sites:
+                continue
+            if any(
+                a.keyword is not None and a.keyword.value == "comm" for a in call.node.args
+            ) or any(
+                isinstance(a.value, cst.Name) and a.value.value == "comm" for a in call.node.args
+            ):
+                continue
+            if call.method == "__init__" or (call.qname.endswith("super")):
+                continue
+            self._threaded_sites.add(id(call.node))
+            if self.suppressed(call.node, "threading"):
+                continue
+            comm = self.comm_at(call.func, label)
+            if comm is None:
+                self.note(
+                    call.node,
+                    "threading",
+                    "needs-person",
+                    f"{label} now takes comm=..., but this call cannot see the communicator: "
+                    "pass it by hand",
+                )
+                continue
+            self.plan.replace_node(call.node, _add_keyword("comm", comm))
+            self.note(call.node, "threading", "changed", f"pass comm to {label}")
+        return len(self.needs_comm_funcs) + len(self.needs_comm_classes) > before
+
+    def _callee_label(self, call: CallFact, callees: dict[str, str]) -> str | None:
+        if not call.qname:
+            return None
+        q = call.qname.lstrip(".")
+        if q in callees:
+            return callees[q]
+        for name, label in callees.items():
+            if q.endswith("." + name):
+                return label
+        return None
+
+
+def _add_keyword(name: str, value: str):  # type: ignore[no-untyped-def]
+    def add(node: cst.CSTNode) -> cst.CSTNode:
+        assert isinstance(node, cst.Call)
+        args = list(node.args)
+        if args:
+            last = args[-1]
+            if isinstance(last.comma, cst.MaybeSentinel):
+                args[-1] = last.with_changes(
+                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                )
+        args.append(
+            cst.Arg(
+                value=cst.parse_expression(value),
+                keyword=cst.Name(name),
+                equal=cst.AssignEqual(
+                    whitespace_before=cst.SimpleWhitespace(""),
+                    whitespace_after=cst.SimpleWhitespace(""),
+                ),
+            )
+        )
+        return node.with_changes(args=args)
+
+    return add
+
+
+def add_keyword(name: str, value: str):  # type: ignore[no-untyped-def]
+    """A replace-fn adding ``name=value`` as the call's last argument."""
+    return _add_keyword(name, value)

@@ -1,0 +1,191 @@
+"""DESIGN.md section 1, step "data": rank 0 loads, ``scatter_dataset`` hands out the shards.
+
+The datasets that feed the iterators are found from the iterator constructions. In the block
+that builds the iterator, the statements that load and transform those datasets are put under
+``if comm.rank == 0: ... else: train, test = None, None`` (so one process reads or downloads),
+then ``train = mn.scatter_dataset(train, comm, shuffle=True)`` (training data) and
+``test = mn.scatter_dataset(test, comm)`` (evaluation data, ``repeat=False`` iterators) follow.
+When those statements also define something every rank needs later, loading stays on every rank
+(scatter still splits the data; only rank 0's copy is used) and the report says why. A dataset
+given inline (``SerialIterator(train[:100], 32)``) is scattered inline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from mnify.rewrites import chainer_names as names
+from mnify.rewrites.context import FileContext
+from mnify.rewrites.edits import Guard
+from mnify.rewrites.facts import CallFact, assigned_in, names_in, target_names
+
+
+def dataset_arg(call: cst.Call) -> cst.Arg | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "dataset":
+            return arg
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[0] if positional else None
+
+
+def is_training_iterator(call: cst.Call) -> bool:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "repeat":
+            return not (isinstance(arg.value, cst.Name) and arg.value.value == "False")
+    return True
+
+
+@dataclass(eq=False)
+class _BlockWork:
+    body: list[cst.BaseStatement]
+    func: cst.FunctionDef | None
+    first_iterator: int
+    datasets: dict[str, bool] = field(default_factory=dict)  # name -> shuffle (training)
+    sites: list[CallFact] = field(default_factory=list)
+
+
+def iterator_calls(ctx: FileContext) -> list[CallFact]:
+    return [
+        c
+        for c in ctx.facts.calls
+        if names.is_iterator(c.qname)
+        and names.last(c.parent_qname) not in ("create_multi_node_iterator", "scatter_dataset")
+    ]
+
+
+def _already_scattered(ctx: FileContext, name: str) -> bool:
+    for a in ctx.facts.assigns_of(name):
+        fact = next((c for c in ctx.facts.calls if c.node is a.value), None)
+        if fact is not None and names.last(fact.qname) == "scatter_dataset":
+            return True
+    return False
+
+
+def plan(ctx: FileContext) -> None:
+    if not ctx.options.data_parallel:
+        return
+    work: dict[int, _BlockWork] = {}
+    for call in iterator_calls(ctx):
+        arg = dataset_arg(call.node)
+        stmt = call.stmt
+        if arg is None or stmt is None or ctx.suppressed(call.node, "dataset"):
+            continue
+        train = is_training_iterator(call.node)
+        if isinstance(arg.value, cst.Name):
+            name = arg.value.value
+            if _already_scattered(ctx, name):
+                continue
+            block = ctx.facts.block_of[id(stmt)]
+            index = list(block.body).index(stmt)
+            item = work.get(id(block.owner))
+            if item is None:
+                item = work[id(block.owner)] = _BlockWork(list(block.body), block.func, index)
+            item.first_iterator = min(item.first_iterator, index)
+            item.datasets[name] = item.datasets.get(name, False) or train
+            item.sites.append(call)
+        else:
+            comm = ctx.comm_at(call.func, "dataset")
+            if comm is None:
+                ctx.note(call.node, "dataset", "needs-person", "scatter this dataset by hand")
+                continue
+            scatter = ctx.runtime.top("scatter_dataset")
+            shuffle = ", shuffle=True" if train else ""
+            value = f"{scatter}({ctx.code(arg.value)}, {comm}{shuffle})"
+            ctx.plan.replace_node(arg, _arg_value(value))
+            ctx.note(call.node, "dataset", "changed", f"dataset scattered inline with {scatter}")
+    for n, item in enumerate(work.values()):
+        _plan_block(ctx, item, n)
+
+
+def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
+    comm = ctx.comm_at(item.func, "dataset")
+    site = item.sites[0].node
+    if comm is None:
+        ctx.note(site, "dataset", "needs-person", "datasets here cannot see the communicator")
+        return
+    scatter = ctx.runtime.top("scatter_dataset")
+    body = item.body
+    wanted = set(item.datasets)
+    defs = [i for i in range(item.first_iterator) if assigned_in([body[i]]) & wanted]
+    ordered = sorted(item.datasets)
+    scatters = [
+        cst.parse_statement(
+            f"{d} = {scatter}({d}, {comm}{', shuffle=True' if item.datasets[d] else ''})\n"
+        )
+        for d in _in_order(ordered, body, defs)
+    ]
+    label = ", ".join(_in_order(ordered, body, defs))
+    if not defs:
+        ctx.plan.insert_before(body[item.first_iterator], scatters)
+        ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+        return
+    start, end = defs[0], defs[-1]
+    anchor = ctx.entry.anchor if ctx.entry is not None else None
+    if anchor is not None and anchor in body and body.index(anchor) >= start:
+        ctx.plan.insert_after(body[max(end, body.index(anchor))], scatters)
+        ctx.note(
+            body[start],
+            "dataset",
+            "info",
+            "datasets are loaded before the communicator exists: every rank loads them, "
+            "rank 0's copy is scattered",
+        )
+        ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+        return
+    region = body[start : end + 1]
+    bound = assigned_in(region)
+    used_later = names_in(body[end + 1 :])
+    extra = sorted((bound - wanted) & used_later)
+    if extra:
+        ctx.plan.insert_after(body[end], scatters)
+        ctx.note(
+            body[start],
+            "dataset",
+            "info",
+            f"dataset loading stays on every rank: those lines also define {', '.join(extra)}",
+        )
+        ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+        return
+    key = f"data{n}"
+    else_names = tuple(d for d in _in_order(sorted(bound & wanted), body, defs))
+    for i, stmt in enumerate(region):
+        guard = Guard(key, else_names if i == len(region) - 1 else ())
+        ctx.plan.guard.pop(id(stmt), None)
+        ctx.plan.guard_stmt(stmt, guard)
+    ctx.plan.insert_after(body[end], scatters)
+    ctx.note(body[start], "dataset", "changed", f"rank 0 loads {label}; the others get None")
+    ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+
+
+def _in_order(names_: list[str], body: list[cst.BaseStatement], defs: list[int]) -> list[str]:
+    """Dataset names in the order the code first assigns them (train before test)."""
+    order: dict[str, int] = {}
+    for i in defs:
+        stmt = body[i]
+        code_order = _target_order(stmt)
+        for pos, name in enumerate(code_order):
+            order.setdefault(name, i * 1000 + pos)
+    return sorted(names_, key=lambda d: (order.get(d, 10**9), d))
+
+
+def _target_order(stmt: cst.BaseStatement) -> list[str]:
+    """Names a statement assigns, in source order."""
+    order: list[str] = []
+
+    class _Ordered(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for t in node.targets:
+                order.extend(n for n in target_names(t.target) if n not in order)
+
+    stmt.visit(_Ordered())
+    return order
+
+
+def _arg_value(value: str):  # type: ignore[no-untyped-def]
+    def fn(node: cst.CSTNode) -> cst.CSTNode:
+        assert isinstance(node, cst.Arg)
+        return node.with_changes(value=cst.parse_expression(value))
+
+    return fn

@@ -1,0 +1,178 @@
+"""Converting files: parse, resolve names once, plan every rewrite, apply, re-parse, diff.
+
+Several files convert together as one project, so a model class in ``net.py`` that gains a
+``comm`` parameter is constructed with ``comm=comm`` in ``train.py``. Output is re-parsed
+before anyone may write it; a file that does not parse gets an error and is left untouched.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper
+
+from mnify.rewrites import (
+    batchnorm,
+    communicator,
+    dataset,
+    device,
+    evaluator,
+    forkserver,
+    guards,
+    imports,
+    model_parallel,
+    optimizer,
+    scaling,
+)
+from mnify.rewrites.context import FILE_NOQA, FileContext
+from mnify.rewrites.edits import ApplyEdits
+from mnify.rewrites.facts import FactCollector
+from mnify.rewrites.options import ConvertOptions
+from mnify.rewrites.report import ReportEntry
+
+
+@dataclass
+class FileResult:
+    """One file's conversion: the new text (None on error/skip) and its report entries."""
+
+    path: str
+    source: str
+    output: str | None = None
+    error: str | None = None
+    skipped: str | None = None
+    entries: list[ReportEntry] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.output is not None and self.output != self.source
+
+    def diff(self) -> str:
+        if not self.changed:
+            return ""
+        assert self.output is not None
+        return "".join(
+            difflib.unified_diff(
+                self.source.splitlines(keepends=True),
+                self.output.splitlines(keepends=True),
+                fromfile=f"a/{self.path}",
+                tofile=f"b/{self.path}",
+            )
+        )
+
+
+def parse_error(exc: Exception) -> str:
+    """``LINE:COL: reason`` for a libcst parser error (1-based column)."""
+    if isinstance(exc, cst.ParserSyntaxError):
+        reason = exc.message.strip().splitlines()[0] if exc.message else "invalid syntax"
+        return f"{exc.raw_line}:{exc.raw_column + 1}: {reason}"
+    return f"1:1: {exc}"
+
+
+def module_name(path: str) -> str:
+    return Path(path).stem
+
+
+def _peek_bn_factory(paths: list[str], converted: set[str]) -> Callable[[str], bool]:
+    """Whether a class imported from a sibling module that is NOT converted uses BN."""
+    cache: dict[Path, bool] = {}
+
+    def peek(qname: str) -> bool:
+        parts = qname.lstrip(".").split(".")
+        if len(parts) < 2 or parts[-2] in converted:
+            return False
+        for p in paths:
+            candidate = Path(p).parent / (parts[-2] + ".py")
+            if candidate not in cache:
+                try:
+                    text = candidate.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    text = ""
+                cls = re.search(rf"^class\s+{re.escape(parts[-1])}\b", text, re.M)
+                cache[candidate] = bool(cls) and "BatchNormalization" in text
+            if cache[candidate]:
+                return True
+        return False
+
+    return peek
+
+
+def convert_sources(
+    sources: Mapping[str, str], options: ConvertOptions | None = None
+) -> list[FileResult]:
+    """Convert ``{path: source}`` together; results in the same order."""
+    options = options or ConvertOptions()
+    results: dict[str, FileResult] = {}
+    contexts: dict[str, FileContext] = {}
+    for path, source in sources.items():
+        result = results[path] = FileResult(path, source)
+        if FILE_NOQA.search(source):
+            result.skipped = "# mnify: noqa"
+            continue
+        try:
+            module = cst.parse_module(source)
+        except Exception as exc:  # libcst raises ParserSyntaxError, but be safe on odd input
+            result.error = parse_error(exc)
+            continue
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        collector = FactCollector()
+        wrapper.visit(collector)
+        ctx = FileContext(
+            path, module_name(path), source, wrapper, module, collector.facts, options
+        )
+        contexts[path] = ctx
+    converted = {ctx.module_name for ctx in contexts.values()}
+    peek = _peek_bn_factory(list(sources), converted)
+    preambles = {}
+    for path, ctx in contexts.items():
+        communicator.find_entry(ctx)
+        if ctx.entry is not None:
+            ctx.plan.comm = ctx.entry.comm
+        device.plan(ctx)
+        optimizer.plan(ctx)
+        dataset.plan(ctx)
+        model_parallel.plan(ctx)
+        scaling.plan(ctx)
+        evaluator.plan(ctx)
+        batchnorm.plan(ctx, peek)
+        guards.plan(ctx)
+        preambles[path] = forkserver.plan(ctx)
+    for _ in range(5):
+        callees: dict[str, str] = {}
+        for ctx in contexts.values():
+            for name in (*ctx.needs_comm_funcs, *ctx.needs_comm_classes):
+                callees[f"{ctx.module_name}.{name}"] = name
+        grew = False
+        for ctx in contexts.values():
+            own = {n: n for n in (*ctx.needs_comm_funcs, *ctx.needs_comm_classes)}
+            grew = ctx.thread_calls({**callees, **own}) or grew
+        if not grew:
+            break
+    for path, ctx in contexts.items():
+        communicator.emit(ctx, preambles[path])
+        imports.emit(ctx)
+        result = results[path]
+        result.entries = ctx.entries
+        if not ctx.plan:
+            result.output = ctx.source
+            continue
+        new = ctx.module.visit(ApplyEdits(ctx.plan)).code
+        try:
+            cst.parse_module(new)
+            compile(new, path, "exec", dont_inherit=True)
+        except Exception as exc:  # never hand out output that does not parse
+            result.error = f"internal error, output does not parse: {parse_error(exc)}"
+            continue
+        result.output = new
+    return [results[p] for p in sources]
+
+
+def convert_source(
+    source: str, path: str = "<string>", options: ConvertOptions | None = None
+) -> FileResult:
+    """Convert one file on its own."""
+    return convert_sources({path: source}, options)[0]

@@ -1,0 +1,164 @@
+"""The edit plan all rewrites write into, and the one transformer that applies it.
+
+Rewrites never transform the tree themselves: they record edits keyed by the *original* nodes
+they found in the facts walk (replace an expression, insert statements before/after a statement,
+put a statement under ``if comm.rank == 0:``). One ``ApplyEdits`` pass then rebuilds only the
+edited nodes, so everything outside them keeps its comments and formatting byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+NodeFn = Callable[[cst.CSTNode], cst.CSTNode]
+
+
+@dataclass(frozen=True)
+class Guard:
+    """Put a statement under ``if <comm>.rank == 0:``; same-key neighbours share one ``if``.
+
+    ``else_names`` adds ``else: a, b = None, None`` (rank-0 data loading).
+    """
+
+    key: str
+    else_names: tuple[str, ...] = ()
+
+
+@dataclass
+class EditPlan:
+    """Edits keyed by ``id()`` of original nodes (the nodes are kept alive in ``_keep``)."""
+
+    comm: str = "comm"
+    replace: dict[int, list[NodeFn]] = field(default_factory=dict)
+    before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    guard: dict[int, Guard] = field(default_factory=dict)
+    _keep: list[cst.CSTNode] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.replace or self.before or self.after or self.guard)
+
+    def replace_node(self, node: cst.CSTNode, fn: NodeFn) -> None:
+        self._keep.append(node)
+        self.replace.setdefault(id(node), []).append(fn)
+
+    def insert_before(self, stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> None:
+        self._keep.append(stmt)
+        self.before.setdefault(id(stmt), []).extend(new)
+
+    def insert_after(self, stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> None:
+        self._keep.append(stmt)
+        self.after.setdefault(id(stmt), []).extend(new)
+
+    def guard_stmt(self, stmt: cst.BaseStatement, guard: Guard) -> bool:
+        """Guard ``stmt`` unless another rewrite already did; returns whether it was added."""
+        if id(stmt) in self.guard:
+            return False
+        self._keep.append(stmt)
+        self.guard[id(stmt)] = guard
+        return True
+
+    def is_guarded(self, stmt: cst.BaseStatement) -> bool:
+        return id(stmt) in self.guard
+
+
+def _leading(stmt: cst.BaseStatement) -> Sequence[cst.EmptyLine]:
+    """Blank lines and comments above a statement (every concrete statement has them)."""
+    return getattr(stmt, "leading_lines", ())
+
+
+def rank0_test(comm: str) -> cst.BaseExpression:
+    return cst.parse_expression(f"{comm}.rank == 0")
+
+
+class ApplyEdits(cst.CSTTransformer):
+    """Applies an :class:`EditPlan` in one pass."""
+
+    def __init__(self, plan: EditPlan) -> None:
+        super().__init__()
+        self.plan = plan
+        self._made: dict[int, Guard] = {}
+
+    def on_leave(  # type: ignore[override]
+        self, original_node: cst.CSTNode, updated_node: cst.CSTNode
+    ) -> cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNode]:
+        node = super().on_leave(original_node, updated_node)
+        key = id(original_node)
+        for fn in self.plan.replace.get(key, ()):
+            assert isinstance(node, cst.CSTNode)
+            node = fn(node)
+        if not isinstance(original_node, cst.BaseStatement):
+            return node
+        guard = self.plan.guard.get(key)
+        before = self.plan.before.get(key, [])
+        after = self.plan.after.get(key, [])
+        if guard is None and not before and not after:
+            return node
+        assert isinstance(node, cst.BaseStatement)
+        if guard is not None:
+            node = self._guarded(node, guard)
+        if before and not guard:
+            # Comments above the original statement stay above the block inserted before it.
+            lead = _leading(node)
+            node = node.with_changes(leading_lines=())
+            before = [before[0].with_changes(leading_lines=lead), *before[1:]]
+        return cst.FlattenSentinel([*before, node, *after])
+
+    def _guarded(self, stmt: cst.BaseStatement, guard: Guard) -> cst.If:
+        orelse = None
+        if guard.else_names:
+            names = ", ".join(guard.else_names)
+            nones = ", ".join("None" for _ in guard.else_names)
+            orelse = cst.Else(body=cst.IndentedBlock([cst.parse_statement(f"{names} = {nones}\n")]))
+        made = cst.If(
+            test=rank0_test(self.plan.comm),
+            body=cst.IndentedBlock([stmt.with_changes(leading_lines=())]),
+            orelse=orelse,
+            leading_lines=_leading(stmt),
+        )
+        self._made[id(made)] = guard
+        return made
+
+    def _merge(self, body: tuple[cst.BaseStatement, ...]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for stmt in body:
+            prev = out[-1] if out else None
+            g_prev = self._made.get(id(prev)) if prev is not None else None
+            g_this = self._made.get(id(stmt))
+            if (
+                prev is not None
+                and g_prev is not None
+                and g_this is not None
+                and g_prev.key == g_this.key
+                and isinstance(prev, cst.If)
+                and isinstance(stmt, cst.If)
+                and prev.orelse is None
+            ):
+                assert isinstance(prev.body, cst.IndentedBlock)
+                assert isinstance(stmt.body, cst.IndentedBlock)
+                inner = list(stmt.body.body)
+                inner[0] = inner[0].with_changes(leading_lines=stmt.leading_lines)
+                merged = prev.with_changes(
+                    body=prev.body.with_changes(body=[*prev.body.body, *inner]),
+                    orelse=stmt.orelse,
+                )
+                self._made[id(merged)] = g_prev
+                out[-1] = merged
+            else:
+                out.append(stmt)
+        return out
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        if not self._made:
+            return updated_node
+        return updated_node.with_changes(body=self._merge(tuple(updated_node.body)))
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not self._made:
+            return updated_node
+        return updated_node.with_changes(body=self._merge(tuple(updated_node.body)))

@@ -1,0 +1,43 @@
+"""DESIGN.md section 1, step "evaluator": every rank evaluates its shard, results are averaged.
+
+``extensions.Evaluator(test_iter, model, device=...)`` (and constructions of this file's own
+Evaluator subclasses) become ``mn.create_multi_node_evaluator(extensions.Evaluator(...), comm)``
+on every rank. Not under ``--model-parallel channel``: there every rank already sees the same
+batch.
+"""
+
+from __future__ import annotations
+
+from mnify.rewrites import chainer_names as names
+from mnify.rewrites.context import FileContext
+from mnify.rewrites.optimizer import wrap_call
+
+
+def plan(ctx: FileContext) -> None:
+    if not ctx.options.data_parallel:
+        return
+    wrap = ctx.spell.top("create_multi_node_evaluator")
+    own = {
+        cls
+        for cls, bases in ctx.facts.class_bases.items()
+        if any(names.is_extension(b, "Evaluator") for b in bases)
+    }
+    for call in ctx.facts.calls:
+        if not (names.is_extension(call.qname, "Evaluator") or call.qname in own):
+            continue
+        if names.last(call.parent_qname) == "create_multi_node_evaluator":
+            continue
+        if ctx.suppressed(call.node, "evaluator"):
+            continue
+        comm = ctx.comm_at(call.func, "Evaluator")
+        if comm is None:
+            ctx.note(
+                call.node,
+                "evaluator",
+                "needs-person",
+                f"Evaluator built where the communicator cannot be passed: wrap it with {wrap}",
+            )
+            continue
+        ctx.use_runtime()
+        ctx.plan.replace_node(call.node, wrap_call(wrap, comm))
+        ctx.note(call.node, "evaluator", "changed", f"Evaluator -> {wrap}(..., comm)")

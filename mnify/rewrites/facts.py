@@ -1,0 +1,346 @@
+"""One walk over a resolved module that records what every rewrite needs to know.
+
+Name resolution (libcst's ``QualifiedNameProvider``) is by far the most expensive part of a
+conversion, so it runs once per file inside one ``MetadataWrapper`` and this single visitor
+records calls (with their qualified names), assignments, functions, classes, imports and which
+block each statement sits in. The rewrites then plan their edits from these facts without
+walking the tree again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import QualifiedNameProvider
+
+Scope = cst.FunctionDef | cst.ClassDef | None
+
+
+@dataclass(eq=False)
+class CallFact:
+    """A call, what it resolves to, and where it sits."""
+
+    node: cst.Call
+    qname: str
+    func: cst.FunctionDef | None
+    cls: cst.ClassDef | None
+    stmt: cst.BaseStatement | None
+    parent_call: cst.Call | None
+    parent_qname: str
+    method: str | None
+    receiver: str | None
+
+
+@dataclass(eq=False)
+class AssignFact:
+    """``a, b = value`` (also annotated and augmented assignments), by target names."""
+
+    stmt: cst.BaseStatement | None
+    targets: tuple[str, ...]
+    value: cst.BaseExpression | None
+    func: cst.FunctionDef | None
+    node: cst.CSTNode
+
+
+@dataclass(eq=False)
+class Block:
+    """A statement list: a module body or an indented block, and the function it runs in."""
+
+    owner: cst.CSTNode
+    body: Sequence[cst.BaseStatement]
+    func: cst.FunctionDef | None
+
+
+@dataclass(eq=False)
+class Facts:
+    """Everything the rewrites read about one file."""
+
+    calls: list[CallFact] = field(default_factory=list)
+    assigns: list[AssignFact] = field(default_factory=list)
+    module_functions: dict[str, cst.FunctionDef] = field(default_factory=dict)
+    classes: dict[str, cst.ClassDef] = field(default_factory=dict)
+    class_bases: dict[str, list[str]] = field(default_factory=dict)
+    func_parent: dict[int, Scope] = field(default_factory=dict)
+    func_class: dict[int, cst.ClassDef | None] = field(default_factory=dict)
+    block_of: dict[int, Block] = field(default_factory=dict)
+    imports: list[cst.SimpleStatementLine] = field(default_factory=list)
+    imported_modules: dict[str, str] = field(default_factory=dict)  # local name -> module
+    has_main_guard: bool = False
+    block_owner_stmt: dict[int, cst.BaseStatement] = field(default_factory=dict)
+    under_rank0: set[int] = field(default_factory=set)  # statements already under rank == 0
+    calls_by_stmt: dict[int, list[CallFact]] = field(default_factory=dict)
+
+    def calls_to(self, *predicates: str) -> list[CallFact]:
+        return [c for c in self.calls if c.qname in predicates]
+
+    def assigns_of(self, name: str) -> list[AssignFact]:
+        return [a for a in self.assigns if name in a.targets]
+
+    def local_name_of(self, module: str) -> str | None:
+        """The name a plain ``import module [as x]`` binds at module level, if any."""
+        for local, mod in self.imported_modules.items():
+            if mod == module:
+                return local
+        return None
+
+
+def _pick(qnames: Iterable[object]) -> str:
+    names = sorted(q.name for q in qnames)  # type: ignore[attr-defined]
+    for n in names:
+        if n.startswith(("chainer", "mnify", "chainermn")):
+            return n
+    return names[0] if names else ""
+
+
+def target_names(target: cst.BaseExpression) -> list[str]:
+    """Names bound by an assignment target (tuples and lists unpacked; attributes ignored)."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        out: list[str] = []
+        for el in target.elements:
+            out.extend(target_names(el.value))
+        return out
+    if isinstance(target, cst.StarredElement):
+        return target_names(target.value)
+    return []
+
+
+class FactCollector(cst.CSTVisitor):
+    """The single analysis walk (see module docstring)."""
+
+    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.facts = Facts()
+        self._scopes: list[cst.FunctionDef | cst.ClassDef] = []
+        self._stmts: list[cst.BaseStatement] = []
+        self._calls: list[tuple[cst.Call, str]] = []
+        self._arg_of: dict[int, tuple[cst.Call, str]] = {}
+        self._rank0 = 0
+
+    # scopes -----------------------------------------------------------------------------
+    def _func(self) -> cst.FunctionDef | None:
+        for s in reversed(self._scopes):
+            if isinstance(s, cst.FunctionDef):
+                return s
+        return None
+
+    def _record_block(self, owner: cst.CSTNode, body: Sequence[cst.BaseStatement]) -> None:
+        block = Block(owner, body, self._func())
+        for stmt in body:
+            self.facts.block_of[id(stmt)] = block
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._record_block(node, node.body)
+        for stmt in node.body:
+            if isinstance(stmt, cst.SimpleStatementLine) and all(
+                isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+            ):
+                self.facts.imports.append(stmt)
+                for small in stmt.body:
+                    if isinstance(small, cst.Import):
+                        for alias in small.names:
+                            module = cst.helpers.get_full_name_for_node(alias.name) or ""
+                            if alias.asname is not None:
+                                local = cst.helpers.get_full_name_for_node(alias.asname.name)
+                            else:
+                                local = module.split(".")[0]
+                                module = local
+                            if local:
+                                self.facts.imported_modules[local] = module
+                    elif isinstance(small, cst.ImportFrom) and small.module is not None:
+                        base = cst.helpers.get_full_name_for_node(small.module) or ""
+                        if isinstance(small.names, Sequence):
+                            for alias in small.names:
+                                name = cst.helpers.get_full_name_for_node(alias.name) or ""
+                                local = (
+                                    cst.helpers.get_full_name_for_node(alias.asname.name)
+                                    if alias.asname is not None
+                                    else name
+                                )
+                                if local:
+                                    self.facts.imported_modules[local] = f"{base}.{name}"
+            elif isinstance(stmt, cst.If):
+                code = cst.Module([]).code_for_node(stmt.test).replace("'", '"')
+                if "__name__" in code and '"__main__"' in code:
+                    self.facts.has_main_guard = True
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._record_block(node, node.body)
+        if self._stmts:
+            self.facts.block_owner_stmt[id(node)] = self._stmts[-1]
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        parent = self._scopes[-1] if self._scopes else None
+        self.facts.func_parent[id(node)] = parent
+        self.facts.func_class[id(node)] = parent if isinstance(parent, cst.ClassDef) else None
+        if parent is None:
+            self.facts.module_functions[node.name.value] = node
+        self._scopes.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._scopes.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if not self._scopes:
+            self.facts.classes[node.name.value] = node
+            bases: list[str] = []
+            for arg in node.bases:
+                bases.append(_pick(self.get_metadata(QualifiedNameProvider, arg.value, set())))
+            self.facts.class_bases[node.name.value] = bases
+        self._scopes.append(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._scopes.pop()
+
+    # statements ---------------------------------------------------------------------------
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._stmts.append(node)
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine) -> None:
+        self._stmts.pop()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self._rank0 and isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self.facts.under_rank0.add(id(node))
+        if isinstance(node, cst.BaseCompoundStatement):
+            self._stmts.append(node)
+            if isinstance(node, cst.If) and _is_rank0_test(node.test):
+                self._rank0 += 1
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if isinstance(original_node, cst.BaseCompoundStatement):
+            self._stmts.pop()
+            if isinstance(original_node, cst.If) and _is_rank0_test(original_node.test):
+                self._rank0 -= 1
+
+    def _stmt(self) -> cst.BaseStatement | None:
+        return self._stmts[-1] if self._stmts else None
+
+    # assignments --------------------------------------------------------------------------
+    def visit_Assign(self, node: cst.Assign) -> None:
+        names: list[str] = []
+        for t in node.targets:
+            names.extend(target_names(t.target))
+        self.facts.assigns.append(
+            AssignFact(self._stmt(), tuple(names), node.value, self._func(), node)
+        )
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.facts.assigns.append(
+            AssignFact(
+                self._stmt(), tuple(target_names(node.target)), node.value, self._func(), node
+            )
+        )
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.facts.assigns.append(
+            AssignFact(
+                self._stmt(), tuple(target_names(node.target)), node.value, self._func(), node
+            )
+        )
+
+    def visit_For(self, node: cst.For) -> None:
+        self.facts.assigns.append(
+            AssignFact(node, tuple(target_names(node.target)), None, self._func(), node)
+        )
+
+    # calls --------------------------------------------------------------------------------
+    def visit_Call(self, node: cst.Call) -> None:
+        qname = _pick(self.get_metadata(QualifiedNameProvider, node.func, set()))
+        parent = self._arg_of.get(id(node))
+        method = receiver = None
+        if isinstance(node.func, cst.Attribute):
+            method = node.func.attr.value
+            if isinstance(node.func.value, cst.Name):
+                receiver = node.func.value.value
+        func = self._func()
+        cls = self.facts.func_class.get(id(func)) if func is not None else None
+        fact = CallFact(
+            node,
+            qname,
+            func,
+            cls,
+            self._stmt(),
+            parent[0] if parent else None,
+            parent[1] if parent else "",
+            method,
+            receiver,
+        )
+        self.facts.calls.append(fact)
+        if fact.stmt is not None:
+            self.facts.calls_by_stmt.setdefault(id(fact.stmt), []).append(fact)
+        for arg in node.args:
+            if isinstance(arg.value, cst.Call):
+                self._arg_of[id(arg.value)] = (node, qname)
+
+
+def _is_rank0_test(test: cst.BaseExpression) -> bool:
+    """``comm.rank == 0`` (any communicator name, either operand order)."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    if not isinstance(target.operator, cst.Equal):
+        return False
+    sides = [test.left, target.comparator]
+    has_rank = any(isinstance(s, cst.Attribute) and s.attr.value == "rank" for s in sides)
+    has_zero = any(isinstance(s, cst.Integer) and s.value == "0" for s in sides)
+    return has_rank and has_zero
+
+
+class _NameCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+
+def names_in(nodes: Iterable[cst.CSTNode]) -> set[str]:
+    """Every identifier mentioned in ``nodes`` (a cheap walk, used on a few statements only)."""
+    collector = _NameCollector()
+    for node in nodes:
+        node.visit(collector)
+    return collector.names
+
+
+def assigned_in(nodes: Iterable[cst.CSTNode]) -> set[str]:
+    """Names bound by assignments and for-loops inside ``nodes``."""
+
+    class _Collector(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: set[str] = set()
+
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for t in node.targets:
+                self.names.update(target_names(t.target))
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            self.names.update(target_names(node.target))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            self.names.update(target_names(node.target))
+
+        def visit_For(self, node: cst.For) -> None:
+            self.names.update(target_names(node.target))
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            self.names.add(node.name.value)
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            self.names.add(node.name.value)
+            return False
+
+    collector = _Collector()
+    for node in nodes:
+        node.visit(collector)
+    return collector.names

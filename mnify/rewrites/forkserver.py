@@ -1,0 +1,69 @@
+"""DESIGN.md section 1, step "fork hazards": forking an MPI process can corrupt or crash it.
+
+``MultiprocessIterator`` forks worker processes, so the forkserver preamble
+(``multiprocessing.set_start_method('forkserver')`` and one dummy process started and joined)
+goes in before the communicator is created: later workers are forked from the clean server,
+never from the MPI process. Other fork hazards (``subprocess``, ``os.system``, ``os.fork``,
+``multiprocessing``, ``DumpGraph``) are reported for a person to judge.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mnify.rewrites import chainer_names as names
+from mnify.rewrites.context import FileContext
+
+
+def plan(ctx: FileContext) -> list[cst.BaseStatement]:
+    """Reports hazards; returns the preamble to put before the communicator (maybe empty)."""
+    facts = ctx.facts
+    has_preamble = any(c.qname == "multiprocessing.set_start_method" for c in facts.calls)
+    for call in facts.calls:
+        if has_preamble and (
+            call.qname in ("multiprocessing.set_start_method", "multiprocessing.Process")
+            or (call.method in ("start", "join") and call.receiver is not None)
+        ):
+            continue
+        why = names.fork_hazard(call.qname)
+        if why is not None and not ctx.suppressed(call.node, "fork-hazard"):
+            ctx.note(
+                call.node,
+                "fork-hazard",
+                "needs-person",
+                f"{call.qname} {why} under MPI: avoid it in the training process "
+                "or run it before the communicator exists",
+            )
+    mp_calls = [c for c in facts.calls if names.is_multiprocess_iterator(c.qname)]
+    entry = ctx.entry
+    if not mp_calls or has_preamble or entry is None or entry.exists:
+        return []
+    if ctx.suppressed(mp_calls[0].node, "fork-hazard"):
+        return []
+    if entry.func is None and not facts.has_main_guard:
+        ctx.note(
+            mp_calls[0].node,
+            "fork-hazard",
+            "needs-person",
+            "MultiprocessIterator in a script without `if __name__ == '__main__':` -- the "
+            "forkserver re-imports the script: move the training code under a main guard",
+        )
+    mp = facts.local_name_of("multiprocessing")
+    if mp is None:
+        ctx.imports_needed.add("import multiprocessing")
+        mp = "multiprocessing"
+    ctx.note(
+        mp_calls[0].node,
+        "fork-hazard",
+        "changed",
+        "MultiprocessIterator forks workers: forkserver preamble inserted before the communicator",
+    )
+    return [
+        cst.parse_statement(
+            "# MultiprocessIterator forks: start workers from a forkserver, never from MPI\n"
+            f"{mp}.set_start_method('forkserver')\n"
+        ),
+        cst.parse_statement(f"p = {mp}.Process()\n"),
+        cst.parse_statement("p.start()\n"),
+        cst.parse_statement("p.join()\n"),
+    ]

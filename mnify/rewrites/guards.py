@@ -1,0 +1,115 @@
+"""DESIGN.md section 1, step "rank-0 guards": only rank 0 writes logs, snapshots and prints.
+
+``trainer.extend(extensions.LogReport())`` and the other writing/reporting extensions
+(PrintReport, ProgressBar, PlotReport, snapshot, snapshot_object, dump_graph/DumpGraph,
+VariableStatisticsPlot), informational ``print``s and ``serializers.save_*`` calls go under
+``if comm.rank == 0:``; neighbours share one ``if``. An ``if`` whose whole body is such
+statements (``if extensions.PlotReport.available(): ...``) is guarded as a whole. Extensions
+that change training state (ExponentialShift, LinearShift, observe_lr, evaluators) stay on all
+ranks. Prints in helper functions that cannot see the communicator are left alone.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mnify.rewrites import chainer_names as names
+from mnify.rewrites.context import FileContext
+from mnify.rewrites.edits import Guard
+from mnify.rewrites.facts import CallFact
+
+RANK0 = Guard("rank0")
+
+
+def _writer_name(ctx: FileContext, call: CallFact) -> str | None:
+    """What this call writes, when it is a statement only rank 0 should run."""
+    if call.qname in ("print", "builtins.print"):
+        return "print"
+    if names.is_serializer_save(call.qname):
+        return names.last(call.qname)
+    if call.method == "extend" and call.node.args:
+        ext = call.node.args[0].value
+        fact = next((c for c in ctx.facts.calls if c.node is ext), None)
+        if fact is not None and names.is_extension(fact.qname, *names.WRITER_EXTENSIONS):
+            return names.last(fact.qname)
+        if isinstance(ext, cst.Name):
+            for a in ctx.facts.assigns_of(ext.value):
+                made = next((c for c in ctx.facts.calls if c.node is a.value), None)
+                if made is not None and names.is_extension(made.qname, *names.WRITER_EXTENSIONS):
+                    return names.last(made.qname)
+    return None
+
+
+def _guardable(ctx: FileContext, stmt: cst.BaseStatement) -> list[str] | None:
+    """The writers in a statement made only of writer calls, else None."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        calls = {id(c.node): c for c in ctx.facts.calls_by_stmt.get(id(stmt), [])}
+        found: list[str] = []
+        for small in stmt.body:
+            if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+                return None
+            fact = calls.get(id(small.value))
+            what = _writer_name(ctx, fact) if fact is not None else None
+            if what is None:
+                return None
+            found.append(what)
+        return found
+    if isinstance(stmt, cst.If) and isinstance(stmt.body, cst.IndentedBlock):
+        found = []
+        bodies = [stmt.body]
+        if isinstance(stmt.orelse, cst.Else) and isinstance(stmt.orelse.body, cst.IndentedBlock):
+            bodies.append(stmt.orelse.body)
+        elif stmt.orelse is not None:
+            return None
+        for body in bodies:
+            for inner in body.body:
+                got = _guardable(ctx, inner)
+                if got is None:
+                    return None
+                found.extend(got)
+        return found
+    return None
+
+
+def plan(ctx: FileContext) -> None:
+    seen: set[int] = set()
+    for call in ctx.facts.calls:
+        stmt = call.stmt
+        if stmt is None or id(stmt) in seen or id(stmt) in ctx.facts.under_rank0:
+            continue
+        what = _writer_name(ctx, call)
+        if what is None:
+            continue
+        seen.add(id(stmt))
+        if _guardable(ctx, stmt) is None:
+            continue
+        # Lift the guard to an enclosing `if` made only of writers.
+        target = stmt
+        while True:
+            block = ctx.facts.block_of.get(id(target))
+            owner = ctx.facts.block_owner_stmt.get(id(block.owner)) if block else None
+            if (
+                isinstance(owner, cst.If)
+                and id(owner) not in ctx.facts.under_rank0
+                and _guardable(ctx, owner) is not None
+            ):
+                target = owner
+                seen.add(id(owner))
+                continue
+            break
+        if what == "print" and not ctx.visible(call.func):
+            continue
+        if ctx.plan.is_guarded(target) or ctx.suppressed(target, "rank0-guard"):
+            continue
+        comm = ctx.comm_at(call.func, what)
+        if comm is None:
+            ctx.note(
+                target,
+                "rank0-guard",
+                "needs-person",
+                f"{what} runs on every rank here and the communicator cannot reach it: "
+                "run it on rank 0 only",
+            )
+            continue
+        ctx.plan.guard_stmt(target, RANK0)
+        ctx.note(target, "rank0-guard", "changed", f"{what} on rank 0 only")

@@ -1,0 +1,128 @@
+"""``--model-parallel channel`` (issue 5, the seed's channel-wise parallel convolution).
+
+Every rank sees the same batch and holds a slice of each convolution's channels:
+``L.Convolution2D(in, out, ...)`` becomes ``mn.links.ParallelConvolution2D(comm, in, out, ...)``
+where ``in >= comm.size`` (decided at run time: ``ParallelConvolution2D(...) if in >= comm.size
+else L.Convolution2D(...)``, since the number of ranks is only known then); a layer whose input
+channels are inferred lazily or fixed at 1 is left alone. Iterators are wrapped in
+``mn.create_multi_node_iterator(it, comm)`` (rank 0 reads, every rank gets the batch); datasets
+are not scattered and optimizers not wrapped (see those modules). Every conv gets a report line
+saying whether and why it was split.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mnify.rewrites import chainer_names as names
+from mnify.rewrites.context import FileContext
+from mnify.rewrites.dataset import iterator_calls
+from mnify.rewrites.optimizer import wrap_call
+
+
+def _in_channels(call: cst.Call) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "in_channels":
+            return arg.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    has_ksize = any(a.keyword is not None and a.keyword.value == "ksize" for a in call.args)
+    if len(positional) >= 3 or (len(positional) == 2 and has_ksize):
+        return positional[0].value
+    return None
+
+
+def plan(ctx: FileContext) -> None:
+    if ctx.options.data_parallel:
+        return
+    _plan_iterators(ctx)
+    for call in ctx.facts.calls:
+        if not names.is_link(call.qname, "Convolution2D"):
+            continue
+        siblings = ctx.facts.calls_by_stmt.get(id(call.stmt), []) if call.stmt else []
+        if any(names.last(c.qname) == "ParallelConvolution2D" for c in siblings):
+            continue  # converted before
+        if ctx.suppressed(call.node, "model-parallel"):
+            continue
+        label = ctx.code(call.node)
+        if ctx.options.target == "chainermn":
+            ctx.note(
+                call.node,
+                "model-parallel",
+                "needs-person",
+                f"not split: ChainerMN has no ParallelConvolution2D ({label})",
+            )
+            continue
+        channels = _in_channels(call.node)
+        if channels is None or (isinstance(channels, cst.Name) and channels.value == "None"):
+            ctx.note(
+                call.node,
+                "model-parallel",
+                "info",
+                f"not split: input channels are inferred lazily, unknown before the first batch ({label})",
+            )
+            continue
+        if isinstance(channels, cst.Integer) and int(channels.value) < 2:
+            ctx.note(
+                call.node,
+                "model-parallel",
+                "info",
+                f"not split: {channels.value} input channel cannot be divided among ranks ({label})",
+            )
+            continue
+        comm = ctx.comm_at(call.func, "ParallelConvolution2D")
+        if comm is None:
+            ctx.note(
+                call.node,
+                "model-parallel",
+                "needs-person",
+                f"not split: the communicator cannot reach this layer ({label})",
+            )
+            continue
+        ctx.use_runtime()
+        pconv = ctx.spell.links("ParallelConvolution2D")
+        cond = ctx.code(channels)
+        if not isinstance(channels, (cst.Name, cst.Attribute, cst.Integer)):
+            cond = f"({cond})"
+
+        def fn(
+            node: cst.CSTNode, cond: str = cond, comm: str = comm, pconv: str = pconv
+        ) -> cst.CSTNode:
+            assert isinstance(node, cst.Call)
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            split = node.with_changes(
+                func=cst.parse_expression(pconv),
+                args=[cst.Arg(cst.parse_expression(comm), comma=comma), *node.args],
+            )
+            return cst.IfExp(
+                test=cst.parse_expression(f"{cond} >= {comm}.size"),
+                body=split,
+                orelse=node,
+            )
+
+        ctx.plan.replace_node(call.node, fn)
+        ctx.note(
+            call.node,
+            "model-parallel",
+            "changed",
+            f"split over ranks when {cond} >= {comm}.size (each rank owns a slice of the "
+            f"output channels), else kept whole ({label})",
+        )
+
+
+def _plan_iterators(ctx: FileContext) -> None:
+    wrap = ctx.spell.iterators("create_multi_node_iterator")
+    for call in iterator_calls(ctx):
+        if ctx.suppressed(call.node, "model-parallel"):
+            continue
+        comm = ctx.comm_at(call.func, "iterator")
+        if comm is None:
+            ctx.note(call.node, "model-parallel", "needs-person", f"wrap this iterator with {wrap}")
+            continue
+        ctx.use_runtime()
+        ctx.plan.replace_node(call.node, wrap_call(wrap, comm))
+        ctx.note(
+            call.node,
+            "model-parallel",
+            "changed",
+            f"iterator -> {wrap}(..., comm): rank 0 reads, every rank gets the same batch",
+        )

@@ -1,0 +1,67 @@
+"""DESIGN.md section 1, step "optimizer": wrap every Chainer optimizer for gradient averaging.
+
+``opt = chainer.optimizers.Adam(...)`` becomes
+``opt = mn.create_multi_node_optimizer(chainer.optimizers.Adam(...), comm)`` wherever it is
+built: in the entry point, in a helper such as ``make_optimizer(model)`` (which then takes
+``comm``), once per optimizer (a GAN has two). With ``--model-parallel channel`` optimizers stay
+as they are: each rank owns different parameters, so there is nothing to average.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mnify.rewrites import chainer_names as names
+from mnify.rewrites.context import FileContext
+
+
+def plan(ctx: FileContext) -> None:
+    wrap = ctx.spell.top("create_multi_node_optimizer")
+    for call in ctx.facts.calls:
+        if not names.is_optimizer(call.qname):
+            continue
+        if names.last(call.parent_qname) == "create_multi_node_optimizer":
+            continue  # converted before
+        if not ctx.options.data_parallel:
+            ctx.note(
+                call.node,
+                "model-parallel",
+                "info",
+                f"{names.last(call.qname)} left unwrapped: under model parallelism each rank "
+                "owns different parameters",
+            )
+            continue
+        if ctx.suppressed(call.node, "optimizer"):
+            continue
+        comm = ctx.comm_at(call.func, names.last(call.qname))
+        if comm is None:
+            ctx.note(
+                call.node,
+                "optimizer",
+                "needs-person",
+                f"{names.last(call.qname)} is built where the communicator cannot be passed "
+                f"(a method): wrap it with {wrap}(..., comm) by hand",
+            )
+            continue
+        ctx.use_runtime()
+        ctx.plan.replace_node(call.node, _wrap(wrap, comm))
+        ctx.note(
+            call.node, "optimizer", "changed", f"{names.last(call.qname)} -> {wrap}(..., comm)"
+        )
+
+
+def _wrap(func: str, comm: str):  # type: ignore[no-untyped-def]
+    def fn(node: cst.CSTNode) -> cst.CSTNode:
+        assert isinstance(node, cst.BaseExpression)
+        return cst.Call(
+            func=cst.parse_expression(func),
+            args=[
+                cst.Arg(node, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(cst.parse_expression(comm)),
+            ],
+        )
+
+    return fn
+
+
+wrap_call = _wrap

@@ -1,0 +1,58 @@
+"""What the user asked for (CLI flags) and how generated code spells the runtime's names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Target = Literal["mnify", "chainermn"]
+CommunicatorChoice = Literal["auto", "naive", "flat", "hierarchical", "pure_nccl"]
+Scaling = Literal["weak", "strong"]
+ModelParallel = Literal["none", "channel"]
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """The conversion flags of ``mnify convert`` (DESIGN.md section 2)."""
+
+    target: Target = "mnify"
+    communicator: CommunicatorChoice = "auto"
+    scaling: Scaling = "weak"
+    model_parallel: ModelParallel = "none"
+
+    @property
+    def data_parallel(self) -> bool:
+        return self.model_parallel == "none"
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How emitted code names the runtime: ``mn.X`` for mnify, ``chainermn.X`` for ChainerMN."""
+
+    target: Target
+
+    @property
+    def prefix(self) -> str:
+        return "mn" if self.target == "mnify" else "chainermn"
+
+    @property
+    def import_line(self) -> str:
+        return "from mnify import runtime as mn" if self.target == "mnify" else "import chainermn"
+
+    @property
+    def module(self) -> str:
+        """The qualified module the import binds (what QualifiedNameProvider reports)."""
+        return "mnify.runtime" if self.target == "mnify" else "chainermn"
+
+    def top(self, name: str) -> str:
+        """A top-level runtime name: create_communicator, scatter_dataset, ..."""
+        return f"{self.prefix}.{name}"
+
+    def links(self, name: str) -> str:
+        return f"{self.prefix}.links.{name}"
+
+    def iterators(self, name: str) -> str:
+        # ChainerMN keeps the iterator factories in chainermn.iterators; mnify re-exports them.
+        if self.target == "chainermn":
+            return f"chainermn.iterators.{name}"
+        return f"mn.{name}"

@@ -1,0 +1,120 @@
+"""The conversion report: what changed per file and, listed first, what needs a person.
+
+Modelled on tf_upgrade_v2's report: every rewrite that recognises a pattern either converts it
+(a ``changed`` entry) or leaves it alone and says why (a ``needs-person`` entry). Nothing is
+skipped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Severity = Literal["needs-person", "changed", "info"]
+
+_ORDER: dict[str, int] = {"needs-person": 0, "changed": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class ReportEntry:
+    """One finding: ``path:line: [step] message``."""
+
+    path: str
+    line: int
+    step: str
+    severity: Severity
+    message: str
+    code: str = ""
+
+    def render(self) -> str:
+        code = f" {self.code}" if self.code else ""
+        return f"{self.path}:{self.line}:{code} [{self.step}] {self.message}"
+
+
+@dataclass
+class FileOutcome:
+    """The result for one file: changed or not, or why it could not be converted."""
+
+    path: str
+    changed: bool = False
+    error: str | None = None
+    skipped: str | None = None
+
+
+@dataclass
+class Report:
+    """Entries and outcomes for a whole conversion run."""
+
+    entries: list[ReportEntry] = field(default_factory=list)
+    files: list[FileOutcome] = field(default_factory=list)
+
+    def add(self, entry: ReportEntry) -> None:
+        self.entries.append(entry)
+
+    def extend(self, entries: list[ReportEntry]) -> None:
+        self.entries.extend(entries)
+
+    def sorted_entries(self) -> list[ReportEntry]:
+        return sorted(self.entries, key=lambda e: (_ORDER[e.severity], e.path, e.line, e.step))
+
+    def needs_person(self) -> list[ReportEntry]:
+        return [e for e in self.entries if e.severity == "needs-person"]
+
+    def summary(self) -> str:
+        changed = sum(1 for f in self.files if f.changed)
+        errors = sum(1 for f in self.files if f.error)
+        skipped = sum(1 for f in self.files if f.skipped)
+        unchanged = len(self.files) - changed - errors - skipped
+        parts = [f"{changed} changed", f"{unchanged} unchanged"]
+        if skipped:
+            parts.append(f"{skipped} skipped (# mnify: noqa)")
+        if errors:
+            parts.append(f"{errors} failed")
+        people = len(self.needs_person())
+        text = f"mnify convert: {len(self.files)} file(s): " + ", ".join(parts)
+        if people:
+            text += f"; {people} item(s) need a person"
+        return text
+
+    def render_text(self) -> str:
+        """Plain text: the needs-a-person section first, then changes, then notes."""
+        lines = ["# mnify conversion report", ""]
+        titles = {
+            "needs-person": "## Needs a person",
+            "changed": "## Changed",
+            "info": "## Notes",
+        }
+        entries = self.sorted_entries()
+        for severity in ("needs-person", "changed", "info"):
+            group = [e for e in entries if e.severity == severity]
+            lines.append(titles[severity])
+            lines.extend(f"- {e.render()}" for e in group)
+            if not group:
+                lines.append("- (none)")
+            lines.append("")
+        lines.append("## Files")
+        for f in self.files:
+            state = (
+                f"error: {f.error}"
+                if f.error
+                else f"skipped: {f.skipped}"
+                if f.skipped
+                else "changed"
+                if f.changed
+                else "unchanged"
+            )
+            lines.append(f"- {f.path}: {state}")
+        lines.append("")
+        lines.append(self.summary())
+        return "\n".join(lines) + "\n"
+
+    def render_json(self) -> str:
+        return json.dumps(
+            {
+                "entries": [asdict(e) for e in self.sorted_entries()],
+                "files": [asdict(f) for f in self.files],
+                "summary": self.summary(),
+            },
+            indent=2,
+        )
