@@ -1,0 +1,151 @@
+"""``mnify lint``, ``mnify explain`` and ``mnify rules`` (ruff-style flags, output and exit codes:
+0 clean, 1 findings, 2 usage error, unparsable file or internal error)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from mnify.config import ConfigError
+from mnify.lint.docs import EXAMPLE_IMPORTS, render_markdown
+from mnify.lint.files import lint_paths
+from mnify.lint.formatters import FORMATS, format_diagnostics, format_statistics
+from mnify.lint.registry import ALL_RULES, SelectorError, rule_for, split_selectors
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def _selectors(values: tuple[str, ...], option: str) -> list[str]:
+    try:
+        return split_selectors(values)
+    except SelectorError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from exc
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--select", multiple=True, help="Rules to run: codes, prefixes or ALL (comma-separated)."
+)
+@click.option("--ignore", multiple=True, help="Rules to skip: codes or prefixes.")
+@click.option("--extend-select", multiple=True, help="Rules to run in addition to the selection.")
+@click.option(
+    "--output-format",
+    type=click.Choice(FORMATS),
+    default="concise",
+    show_default=True,
+    help="How findings are printed.",
+)
+@click.option("--statistics", is_flag=True, help="Print the number of findings per rule instead.")
+@click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
+def lint(
+    paths: tuple[Path, ...],
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    extend_select: tuple[str, ...],
+    output_format: str,
+    statistics: bool,
+    exit_zero: bool,
+) -> None:
+    """Report distributed-training hazards in PATHS (files, or directories searched for *.py)."""
+    chosen = _selectors(select, "--select") if select else None
+    ignored = _selectors(ignore, "--ignore")
+    extended = _selectors(extend_select, "--extend-select")
+    targets = list(paths) or [Path(".")]
+    missing = [p for p in targets if not p.exists()]
+    for path in missing:
+        click.echo(f"error: cannot lint {path.as_posix()}: no such file or directory", err=True)
+    try:
+        result = lint_paths(
+            [p for p in targets if p.exists()],
+            select=chosen,
+            ignore=ignored,
+            extend_select=extended,
+        )
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    for line in result.errors:
+        click.echo(line, err=True)
+    if statistics:
+        click.echo(format_statistics(result.diagnostics), nl=False)
+    else:
+        click.echo(format_diagnostics(result.diagnostics, output_format), nl=False)
+    if result.errors or missing:
+        sys.exit(EXIT_ERROR)
+    if result.diagnostics and not exit_zero:
+        sys.exit(EXIT_FINDINGS)
+    sys.exit(EXIT_CLEAN)
+
+
+def _indent(text: str) -> str:
+    return "".join(f"    {line}\n" if line else "\n" for line in text.splitlines())
+
+
+@click.command()
+@click.argument("code")
+def explain(code: str) -> None:
+    """Explain rule CODE (or rule name): what, when it fires, why, bad and good example."""
+    rule = rule_for(code)
+    if rule is None:
+        click.echo(f"error: unknown rule '{code}'; `mnify rules` lists them", err=True)
+        sys.exit(EXIT_ERROR)
+    click.echo(
+        f"{rule.code} ({rule.name})\n\n"
+        f"What: {rule.summary}.\n\n"
+        f"Fires when:\n{_indent(rule.condition())}\n"
+        f"Why:\n{_indent(rule.why)}\n"
+        f"Bad:\n{_indent(rule.bad)}\n"
+        f"Good:\n{_indent(rule.good)}\n"
+        f"Fixed by `mnify convert`: {'yes' if rule.fixable else 'no'}. "
+        f"On by default: {'yes' if rule.default_enabled else 'no'}. "
+        f"Checks {rule.applies_to.value}.\n\n"
+        f"The examples assume:\n{_indent(EXAMPLE_IMPORTS)}",
+        nl=False,
+    )
+
+
+@click.command()
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["table", "markdown", "json"]),
+    default="table",
+    show_default=True,
+)
+def rules(output_format: str) -> None:
+    """List every rule: code, name, whether `mnify convert` fixes it, whether it is on by default."""
+    if output_format == "markdown":
+        click.echo(render_markdown(ALL_RULES), nl=False)
+        return
+    if output_format == "json":
+        rows = [
+            {
+                "code": rule.code,
+                "name": rule.name,
+                "summary": rule.summary,
+                "fixable": rule.fixable,
+                "default": rule.default_enabled,
+            }
+            for rule in ALL_RULES
+        ]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="mnify lint rules")
+    for column in ("code", "name", "fixable", "default", "summary"):
+        table.add_column(column)
+    for rule in ALL_RULES:
+        table.add_row(
+            rule.code,
+            rule.name,
+            "yes" if rule.fixable else "no",
+            "on" if rule.default_enabled else "off",
+            rule.summary,
+        )
+    Console(file=sys.stdout, width=160).print(table)

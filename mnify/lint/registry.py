@@ -1,0 +1,127 @@
+"""Every rule, in code order, and the ruff-style selection of which ones run.
+
+Selectors are ``ALL``, a code prefix (``MN``, ``MN3``, ``MN30``) or a full code. A rule runs when
+the most specific selector that matches it comes from ``select``/``extend-select`` rather than
+``ignore`` (on a tie, ``ignore`` wins). Without ``select`` the default set is every rule whose
+``default_enabled`` is true; information rules (MN9xx) run only when a selector names them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from mnify.lint.rule import Rule
+from mnify.lint.rules.collectives import (
+    CollectiveOnSomeRanks,
+    DivergentWorkBeforeTimedCollective,
+)
+from mnify.lint.rules.data_parallel import (
+    DatasetLoadedOnEveryRank,
+    NoScatterDataset,
+    OptimizerNotMultiNode,
+    PlainBatchNormalization,
+    PlainEvaluator,
+)
+from mnify.lint.rules.device import (
+    DeviceSelectedAfterPlacement,
+    DeviceSelectedTwice,
+    GpuIdFromGlobalRank,
+)
+from mnify.lint.rules.extensions import UnguardedReportingExtension
+from mnify.lint.rules.fork import (
+    DumpGraphUnderMpi,
+    ForkUnderMpi,
+    MultiprocessingForkStartMethod,
+    MultiprocessIteratorWithoutForkserver,
+    SubprocessUnderMpi,
+)
+from mnify.lint.rules.preview import GlobalBatchGrowsLearningRateUnchanged
+
+ALL_RULES: tuple[type[Rule], ...] = tuple(
+    sorted(
+        (
+            DeviceSelectedAfterPlacement,
+            DeviceSelectedTwice,
+            GpuIdFromGlobalRank,
+            DumpGraphUnderMpi,
+            MultiprocessIteratorWithoutForkserver,
+            SubprocessUnderMpi,
+            ForkUnderMpi,
+            MultiprocessingForkStartMethod,
+            CollectiveOnSomeRanks,
+            DivergentWorkBeforeTimedCollective,
+            UnguardedReportingExtension,
+            DatasetLoadedOnEveryRank,
+            PlainBatchNormalization,
+            OptimizerNotMultiNode,
+            NoScatterDataset,
+            PlainEvaluator,
+            GlobalBatchGrowsLearningRateUnchanged,
+        ),
+        key=lambda rule: rule.code,
+    )
+)
+RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}
+_SELECTOR = re.compile(r"^(ALL|MN[0-9]{0,3})$")
+
+
+class SelectorError(ValueError):
+    """A selector that is not ALL, a known code or a prefix of one."""
+
+
+def rule_for(code_or_name: str) -> type[Rule] | None:
+    """Look a rule up by code (``MN301``) or name (``collective-on-some-ranks``)."""
+    wanted = code_or_name.strip()
+    found = RULES_BY_CODE.get(wanted.upper())
+    if found is not None:
+        return found
+    return next((rule for rule in ALL_RULES if rule.name == wanted.lower()), None)
+
+
+def split_selectors(values: Iterable[str] | None) -> list[str]:
+    """``["MN1,MN2", "MN301"]`` -> ``["MN1", "MN2", "MN301"]``, upper-cased, validated."""
+    result: list[str] = []
+    for value in values or ():
+        for part in value.split(","):
+            selector = part.strip().upper()
+            if not selector:
+                continue
+            if not _SELECTOR.match(selector) or not any(
+                _matches(selector, rule.code) for rule in ALL_RULES
+            ):
+                raise SelectorError(f"unknown rule selector '{part.strip()}'")
+            result.append(selector)
+    return result
+
+
+def _matches(selector: str, code: str) -> bool:
+    return selector == "ALL" or code.startswith(selector)
+
+
+def _specificity(selector: str) -> int:
+    return 0 if selector == "ALL" else len(selector)
+
+
+def select_rules(
+    select: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
+    extend_select: Sequence[str] | None = None,
+) -> list[type[Rule]]:
+    """The rules to run, in code order (see the module docstring for the semantics)."""
+    chosen = split_selectors(select) if select is not None else None
+    extra = split_selectors(extend_select)
+    dropped = split_selectors(ignore)
+    result = []
+    for rule in ALL_RULES:
+        enabled_by = [s for s in (chosen or []) + extra if _matches(s, rule.code)]
+        if chosen is None and rule.default_enabled:
+            enabled_by.append("ALL")
+        if not enabled_by:
+            continue
+        best_on = max(_specificity(s) for s in enabled_by)
+        disabled_by = [s for s in dropped if _matches(s, rule.code)]
+        if disabled_by and max(_specificity(s) for s in disabled_by) >= best_on:
+            continue
+        result.append(rule)
+    return result

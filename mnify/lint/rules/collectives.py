@@ -1,0 +1,246 @@
+"""MN3xx: collectives that not every rank reaches. A collective returns only when all ranks of
+the communicator have called it; a rank that skips it leaves the others waiting forever (or, with
+the watchdog on, until ``CollectiveTimeout``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mnify.lint import names as N
+from mnify.lint.context import LintContext, dotted_name
+from mnify.lint.rule import AppliesTo, Rule
+
+_OTHER_BRANCH = {"body": "orelse", "orelse": "body"}
+_LOGGER_NAMES = frozenset({"logger", "log", "LOGGER", "logging"})
+
+
+class CollectiveOnSomeRanks(Rule):
+    """Fires on a collective call that only some ranks reach, in a distributed script.
+
+    Collectives: communicator methods ``barrier``, ``bcast``/``bcast_obj``/``bcast_data``,
+    ``gather*``, ``allgather*``, ``allreduce*``/``all_reduce``, ``alltoall``, ``scatter*``,
+    ``reduce*``, ``multi_node_mean_grad`` and ``split`` (ChainerMN, mnify.runtime and mpi4py
+    spellings) on a communicator; ``scatter_dataset``/``scatter_index``;
+    ``create_communicator``; ``update()`` of a multi-node optimizer; calling or ``evaluate()``-ing
+    a multi-node evaluator or passing one to ``trainer.extend``; ``trainer.run()``.
+    "Only some ranks reach it" means either (a) it sits inside a branch of an ``if`` whose test
+    mentions a rank (``comm.rank``, ``comm.intra_rank``, ``Get_rank()``, a variable assigned
+    from one) and the other branch of that ``if`` does not call the same collective (so the
+    ``if comm.rank == 0: x = comm.bcast_obj(v) else: x = comm.bcast_obj(None)`` idiom is fine),
+    or (b) it follows, in the same function or loop, a ``return``/``continue``/``break``/
+    ``sys.exit()`` taken inside such a rank-conditional branch."""
+
+    code = "MN301"
+    name = "collective-on-some-ranks"
+    summary = "collective reached on only some ranks: the others never join it (deadlock)"
+    why = (
+        "Every rank must enter a collective for any rank to leave it. Inside `if comm.rank == 0:` "
+        "rank 0 waits for ranks that never come: the job hangs without an error (or, with "
+        "MNIFY_WATCHDOG_TIMEOUT set, dies with CollectiveTimeout naming the missing ranks)."
+    )
+    bad = (
+        "comm = chainermn.create_communicator()\n"
+        "if comm.rank == 0:\n"
+        "    comm.barrier()\n"
+        "    print('saved')\n"
+    )
+    good = (
+        "comm = chainermn.create_communicator()\n"
+        "comm.barrier()\n"
+        "if comm.rank == 0:\n"
+        "    print('saved')\n"
+    )
+    applies_to = AppliesTo.DISTRIBUTED
+
+    def __init__(self, ctx: LintContext) -> None:
+        super().__init__(ctx)
+        self._candidates: list[tuple[cst.Call, str, tuple[tuple[cst.If, str], ...]]] = []
+        self._seen: dict[tuple[int, str], set[str]] = {}
+
+    def visit_Call(self, node: cst.Call) -> None:
+        ctx = self.ctx
+        key = ctx.collective_key(node)
+        if key is None:
+            return
+        branches = tuple(ctx.rank_branches[ctx.function_frame.rank_depth :])
+        for if_node, attr in branches:
+            self._seen.setdefault((id(if_node), attr), set()).add(key)
+        if branches:
+            self._candidates.append((node, key, branches))
+            return
+        exit_frame = ctx.divergent_exit()
+        if exit_frame is not None and exit_frame.exit_if is not None:
+            what = _exit_word(exit_frame.exit_node)
+            self.report(
+                node,
+                f"`{key}` is reached only by the ranks that did not `{what}` under the rank "
+                "check at line {line}: the others never join it (deadlock)",
+                related=exit_frame.exit_if,
+            )
+
+    def finish(self) -> None:
+        for node, key, branches in self._candidates:
+            unbalanced = [
+                if_node
+                for if_node, attr in branches
+                if key not in self._seen.get((id(if_node), _OTHER_BRANCH[attr]), set())
+            ]
+            if unbalanced:
+                self.report(
+                    node,
+                    f"`{key}` runs only on the ranks that take the rank check at line {{line}}; "
+                    "the other ranks never join it (deadlock)",
+                    related=unbalanced[-1],
+                )
+
+
+def _exit_word(node: cst.CSTNode | None) -> str:
+    if isinstance(node, cst.Continue):
+        return "continue"
+    if isinstance(node, cst.Break):
+        return "break"
+    if isinstance(node, cst.Return):
+        return "return"
+    return "exit"
+
+
+class _Block:
+    __slots__ = ("loop_depth", "pending")
+
+    def __init__(self, loop_depth: int) -> None:
+        self.loop_depth = loop_depth
+        self.pending: cst.If | None = None
+
+
+class _RankIf:
+    __slots__ = ("node", "work", "collective")
+
+    def __init__(self, node: cst.If) -> None:
+        self.node = node
+        self.work = False
+        self.collective = False
+
+
+class DivergentWorkBeforeTimedCollective(Rule):
+    """Fires, in a distributed script, on the first collective performed inside a loop (or on
+    ``trainer.run()``) that follows, in the same block, a rank-conditional ``if`` doing work, with
+    no ``barrier()`` or other collective between them at that block's level.
+
+    "Doing work": the ``if`` (either branch) contains a loop or a call other than cheap
+    bookkeeping (builtins such as ``print``/``len``, ``trainer.extend`` and other
+    ``extend``/``append``/``format``/logging methods, extension constructors, ``os.path``/
+    ``os.makedirs``), and contains no collective itself (those are MN301's business)."""
+
+    code = "MN302"
+    name = "divergent-work-before-timed-collective"
+    summary = "rank-divergent work reaches a timed collective without a barrier"
+    why = (
+        "While one rank does extra work the others already wait inside the first collective of "
+        "the training loop. With a watchdog (MNIFY_WATCHDOG_TIMEOUT, or nnabla's) that wait is "
+        "timed, so a slow rank 0 makes the healthy ranks raise CollectiveTimeout. A "
+        "`comm.barrier()` before the loop puts the wait where no timeout applies."
+    )
+    bad = (
+        "comm = chainermn.create_communicator()\n"
+        "if comm.rank == 0:\n"
+        "    prepare_cache(args.out)\n"
+        "for batch in train_iter:\n"
+        "    comm.all_reduce(grads)\n"
+    )
+    good = (
+        "comm = chainermn.create_communicator()\n"
+        "if comm.rank == 0:\n"
+        "    prepare_cache(args.out)\n"
+        "comm.barrier()\n"
+        "for batch in train_iter:\n"
+        "    comm.all_reduce(grads)\n"
+    )
+    applies_to = AppliesTo.DISTRIBUTED
+
+    def __init__(self, ctx: LintContext) -> None:
+        super().__init__(ctx)
+        self._blocks: list[_Block] = []
+        self._rank_ifs: list[_RankIf] = []
+        self._function_starts: list[int] = [0]  # blocks of enclosing functions do not count
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._blocks.append(_Block(self.ctx.loop_depth))
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._blocks.append(_Block(self.ctx.loop_depth))
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
+        self._blocks.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._function_starts.append(len(self._blocks))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._function_starts.pop()
+
+    def visit_If(self, node: cst.If) -> None:
+        if self.ctx.is_rank_if(node):
+            self._rank_ifs.append(_RankIf(node))
+
+    def leave_If(self, original_node: cst.If) -> None:
+        if not self._rank_ifs or self._rank_ifs[-1].node is not original_node:
+            return
+        done = self._rank_ifs.pop()
+        if self._rank_ifs:
+            outer = self._rank_ifs[-1]
+            outer.work |= done.work
+            outer.collective |= done.collective
+        elif done.work and not done.collective:
+            self._blocks[-1].pending = done.node
+
+    def visit_For(self, node: cst.For) -> None:
+        self._mark_work()
+
+    def visit_While(self, node: cst.While) -> None:
+        self._mark_work()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        key = self.ctx.collective_key(node)
+        if self._rank_ifs:
+            if key is not None:
+                self._rank_ifs[-1].collective = True
+            elif self._is_work(node):
+                self._rank_ifs[-1].work = True
+            return
+        if key is None:
+            return
+        for block in self._blocks[self._function_starts[-1] :]:
+            pending = block.pending
+            if pending is None:
+                continue
+            block.pending = None
+            timed = self.ctx.loop_depth > block.loop_depth or key == "trainer.run"
+            if timed and key not in N.BARRIER_METHODS:
+                self.report(
+                    node,
+                    f"`{key}` follows rank-divergent work (the rank check at line {{line}}) "
+                    "without `comm.barrier()`: slow ranks trip the collective watchdog",
+                    related=pending,
+                )
+
+    def _mark_work(self) -> None:
+        if self._rank_ifs:
+            self._rank_ifs[-1].work = True
+
+    def _is_work(self, call: cst.Call) -> bool:
+        names = self.ctx.callee_names(call)
+        for name in names:
+            if (
+                name in N.CHEAP_BUILTINS
+                or N.is_extension(name)
+                or name.startswith(("logging.", "os.path.", "os.makedirs"))
+            ):
+                return False
+        func = call.func
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in N.CHEAP_METHODS:
+                return False
+            receiver = dotted_name(func.value)
+            if receiver is not None and receiver.split(".")[-1] in _LOGGER_NAMES:
+                return False
+        return True

@@ -1,0 +1,56 @@
+"""MN4xx: extensions that write files or print belong on one rank."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mnify.lint import names as N
+from mnify.lint.rule import AppliesTo, Rule
+
+
+class UnguardedReportingExtension(Rule):
+    """Fires, in a distributed script, on ``X.extend(E, ...)`` where ``E`` is a call of (or a
+    variable assigned from) ``LogReport``, ``PrintReport``, ``ProgressBar``, ``PlotReport``,
+    ``snapshot``, ``snapshot_object``, ``DumpGraph``/``dump_graph`` or
+    ``VariableStatisticsPlot`` from ``chainer.training.extensions``, and the call runs on every
+    rank: not inside a rank-conditional ``if`` and not after a rank-conditional early exit."""
+
+    code = "MN401"
+    name = "reporting-extension-on-every-rank"
+    summary = "writing/reporting extension registered on every rank"
+    why = (
+        "Every rank writes the same log, plot and snapshot files at the same paths (clobbered or "
+        "corrupt files on a shared file system) and prints N copies of each progress line. "
+        "Register them on rank 0 only; evaluators and learning-rate schedules stay on all ranks."
+    )
+    bad = "comm = chainermn.create_communicator()\ntrainer.extend(extensions.LogReport())\n"
+    good = (
+        "comm = chainermn.create_communicator()\n"
+        "if comm.rank == 0:\n"
+        "    trainer.extend(extensions.LogReport())\n"
+    )
+    fixable = True
+    applies_to = AppliesTo.DISTRIBUTED
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "extend" and node.args):
+            return
+        extension = node.args[0].value
+        label = self._reporting_name(extension)
+        if label is not None and not self.ctx.on_some_ranks():
+            self.report(
+                extension,
+                f"`{label}` registered on every rank; register it under `if comm.rank == 0:`",
+            )
+
+    def _reporting_name(self, expr: cst.BaseExpression) -> str | None:
+        if isinstance(expr, cst.Call):
+            for name in self.ctx.callee_names(expr):
+                if N.is_reporting_extension(name):
+                    return name.rsplit(".", 1)[1]
+            return None
+        bound = self.ctx.binding(expr)
+        if bound is not None and bound.kind == "report_ext" and isinstance(bound.value, cst.Call):
+            return self._reporting_name(bound.value)
+        return None

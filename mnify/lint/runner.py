@@ -1,0 +1,157 @@
+"""Linting one file: parse once, resolve ``QualifiedNameProvider`` once, walk the tree once with
+every selected rule attached (TorchFix/Fixit style batching), then turn findings into sorted
+``Diagnostic``s. Positions are resolved only when there is something to report."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
+
+from mnify.lint.context import LintContext
+from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
+from mnify.lint.noqa import parse_suppressions
+from mnify.lint.registry import select_rules
+from mnify.lint.rule import Finding, Rule
+
+_Handler = Callable[[Any], None]
+_dispatch_cache: dict[type[Rule], tuple[dict[str, list[str]], dict[str, list[str]]]] = {}
+
+
+def _handler_names(rule: type[Rule]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """``{"Call": ["visit_Call"]}``-style tables of a rule class's visitor methods (cached)."""
+    cached = _dispatch_cache.get(rule)
+    if cached is None:
+        visits: dict[str, list[str]] = {}
+        leaves: dict[str, list[str]] = {}
+        for attribute in dir(rule):
+            if attribute.startswith("visit_"):
+                visits.setdefault(attribute[6:], []).append(attribute)
+            elif attribute.startswith("leave_"):
+                leaves.setdefault(attribute[6:], []).append(attribute)
+        cached = _dispatch_cache[rule] = (visits, leaves)
+    return cached
+
+
+class _Walker(cst.CSTVisitor):
+    """The single traversal: context first on the way down, rules, context last on the way up."""
+
+    def __init__(self, ctx: LintContext, rules: Sequence[Rule]) -> None:
+        super().__init__()
+        self._ctx = ctx
+        self._visits: dict[str, list[_Handler]] = {}
+        self._leaves: dict[str, list[_Handler]] = {}
+        for rule in rules:
+            visits, leaves = _handler_names(type(rule))
+            for node_type, methods in visits.items():
+                self._visits.setdefault(node_type, []).extend(getattr(rule, m) for m in methods)
+            for node_type, methods in leaves.items():
+                self._leaves.setdefault(node_type, []).extend(getattr(rule, m) for m in methods)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self._ctx.enter(node)
+        handlers = self._visits.get(type(node).__name__)
+        if handlers:
+            for handler in handlers:
+                handler(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        handlers = self._leaves.get(type(original_node).__name__)
+        if handlers:
+            for handler in handlers:
+                handler(original_node)
+        self._ctx.leave(original_node)
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if type(node) is cst.If and (attribute == "body" or attribute == "orelse"):
+            self._ctx.enter_branch(node, attribute)  # type: ignore[arg-type]
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        if type(original_node) is cst.If and (attribute == "body" or attribute == "orelse"):
+            self._ctx.leave_branch(original_node)  # type: ignore[arg-type]
+
+
+def parse(source: str, path: str) -> cst.Module:
+    """Parse or raise ``LintSyntaxError`` with the 1-based line and column of the failure."""
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        # CPython's own parser gives the better position and message; libcst's is the fallback
+        # for code CPython accepts but libcst does not.
+        try:
+            ast.parse(source, filename=path)
+        except SyntaxError as syntax:
+            raise LintSyntaxError(path, syntax.lineno or 1, syntax.offset or 1, syntax.msg) from exc
+        except ValueError:  # null bytes
+            pass
+        raise LintSyntaxError(path, exc.editor_line, exc.editor_column, exc.message) from exc
+
+
+def lint_source(
+    source: str,
+    path: str,
+    *,
+    select: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
+    extend_select: Sequence[str] | None = None,
+) -> list[Diagnostic]:
+    """Lint one file's text. Raises ``LintSyntaxError`` when it does not parse and
+    ``SelectorError`` for an unknown selector."""
+    wrapper = MetadataWrapper(parse(source, path))
+    return lint_wrapper(
+        wrapper, path, select=select, ignore=ignore, extend_select=extend_select, source=source
+    )
+
+
+def lint_wrapper(
+    wrapper: MetadataWrapper,
+    path: str,
+    *,
+    select: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
+    extend_select: Sequence[str] | None = None,
+    source: str | None = None,
+) -> list[Diagnostic]:
+    """Lint an already built ``MetadataWrapper`` (the converter shares its resolution: metadata
+    already resolved on ``wrapper`` is reused, not recomputed)."""
+    rules = select_rules(select, ignore, extend_select)
+    text = source if source is not None else wrapper.module.code
+    suppressions = parse_suppressions(text)
+    if suppressions.whole_file or not rules:
+        return []
+    ctx = LintContext(path, wrapper.resolve(QualifiedNameProvider))
+    active = [rule(ctx) for rule in rules]
+    wrapper.module.visit(_Walker(ctx, active))
+    findings: list[tuple[Rule, Finding]] = []
+    for rule in active:
+        if rule.applies():
+            rule.finish()
+            findings.extend((rule, finding) for finding in rule.findings)
+    if not findings:
+        return []
+    positions = wrapper.resolve(PositionProvider)
+    diagnostics = set()
+    for rule, finding in findings:
+        where = positions[finding.node]
+        message = finding.message
+        if finding.related is not None:
+            message = message.replace("{line}", str(positions[finding.related].start.line))
+        if suppressions.suppresses(where.start.line, rule.code):
+            continue
+        diagnostics.add(
+            Diagnostic(
+                path=path,
+                line=where.start.line,
+                col=where.start.column + 1,
+                code=rule.code,
+                message=message,
+                end_line=where.end.line,
+                end_col=where.end.column + 1,
+                fixable=rule.fixable,
+            )
+        )
+    return sorted(diagnostics)
