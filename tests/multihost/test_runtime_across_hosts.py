@@ -1,0 +1,89 @@
+"""The runtime on ranks spread over several real hosts (the test bed), not faked host names.
+
+One launch per layout runs topology, gradient averaging of every CPU communicator and
+scatter_dataset (``scripts/across_hosts.py``); the Chainer engineer's parity and
+MultiNodeBatchNormalization rank scripts then run unchanged on the hierarchical communicator
+across hosts, and the communicator engineer's collective checks run on real hosts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.mpirun import RankRun
+from tests.support.testbed import TestBed
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+RUNTIME_TESTS = Path(__file__).resolve().parents[1] / "runtime"
+
+
+def results(run: RankRun, n: int) -> list[dict[str, object]]:
+    found: dict[int, dict[str, object]] = {}
+    for r in range(n):
+        for line in run.rank_lines(r):
+            if line.startswith("RESULT "):
+                found[r] = json.loads(line[len("RESULT ") :])
+    assert sorted(found) == list(range(n)), f"missing RESULT lines\n{run.describe()}"
+    return [found[r] for r in range(n)]
+
+
+def expected_topology(slots: list[int]) -> list[list[int]]:
+    """[intra_rank, intra_size, inter_rank, inter_size] per rank when ranks fill hosts in order."""
+    out = []
+    for host, count in enumerate(slots):
+        out += [[i, count, host, len(slots)] for i in range(count)]
+    return out
+
+
+@pytest.mark.parametrize("slots", [[2, 2], [2, 1, 1]], ids=["2x2", "slots-2-1-1"])
+def test_topology_averaging_and_scatter_across_hosts(bed3: TestBed, slots: list[int]) -> None:
+    n = sum(slots)
+    run = bed3.run(slots, SCRIPTS / "across_hosts.py", timeout=120)
+    seen = results(run, n)
+    hosts = [h.name for h, s in zip(bed3.hosts, slots, strict=False) for _ in range(s)]
+    assert [r["processor"] for r in seen] == hosts
+    for name in ("hierarchical", "flat", "naive"):
+        assert [r[name] for r in seen] == expected_topology(slots), name
+    # Several hosts and a host with several ranks: auto picks hierarchical on CPU.
+    assert {r["auto"] for r in seen} == {"hierarchical"}
+    shares = [r["scatter"] for r in seen]
+    assert len({tuple(s) for s in shares}) == n  # each rank its own share  # type: ignore[arg-type]
+
+
+def test_chainer_parity_and_mnbn_on_hierarchical_across_hosts(bed3: TestBed) -> None:
+    """Data-parallel training equals one process on the whole batch, with the gradients,
+    the first broadcast and the batch-norm statistics all crossing host links (2 hosts x 2)."""
+    scripts = RUNTIME_TESTS / "chainer_scripts"
+    for script in ("parity_checks.py", "mnbn_checks.py"):
+        checks = _checks_of(scripts / script)
+        run = bed3.run(
+            [2, 2], scripts / script, env={"MNIFY_TEST_COMM": "hierarchical"}, timeout=240
+        )
+        for r in range(4):
+            passed = {line[5:] for line in run.rank_lines(r) if line.startswith("PASS ")}
+            assert set(checks) <= passed, f"rank {r}: {set(checks) - passed}\n{run.describe()}"
+
+
+def _checks_of(script: Path) -> list[str]:
+    """The check names a rank script reports (``report(comm, "NAME")`` calls)."""
+    names = []
+    for line in script.read_text().splitlines():
+        line = line.strip()
+        if line.startswith('report(comm, "') and line.endswith('")'):
+            names.append(line[len('report(comm, "') : -2])
+    assert names, f"no report(comm, ...) calls found in {script}"
+    return names
+
+
+def test_every_collective_on_real_hosts(bed3: TestBed) -> None:
+    """The communicator engineer's collective checks, hosts from the kernel instead of faked."""
+    names = ["hierarchical", "flat", "auto"]
+    run = bed3.run([2, 1, 1], RUNTIME_TESTS / "comm_scripts" / "collectives.py", names, timeout=180)
+    for r in range(4):
+        lines = run.rank_lines(r)
+        for name in names:
+            assert f"DONE {name}" in lines, f"rank {r} did not finish {name}\n{run.describe()}"
+        assert "CLASS auto hierarchical" in lines, run.describe()
