@@ -1,0 +1,471 @@
+"""``pure_nccl``: collectives on CuPy arrays through NCCL, one NCCL communicator over all ranks.
+
+ChainerMN's ``pure_nccl``. Each rank drives the GPU ``intra_rank`` of its host. The NCCL
+communicator is created lazily, at the first collective that needs it: rank 0 makes the unique
+id, MPI broadcasts it, every rank joins (``ncclCommInitRank``). GPU work is queued on the
+caller's current CuPy stream (or the ``stream`` given), so it orders after the kernels that
+produced the data and the host does not wait for it.
+
+- Gradient averaging packs every gradient into a device bucket with one kernel launch (cast to
+  ``allreduce_grad_dtype`` and, for narrow wire dtypes, the 1/size scale fused so float16 sums
+  do not overflow), all-reduces it with NCCL, and unpacks it with one launch (cast back, scale
+  fused when not already applied). Without an explicit ``bucket_bytes`` everything is one
+  bucket: NCCL pipelines large buffers itself.
+- ``allreduce``, ``all_reduce``, ``bcast``, ``bcast_data`` and ``allgather`` run on NCCL when
+  given CuPy arrays; numpy arrays, dtypes NCCL cannot reduce, and the collectives NCCL lacks
+  (``gather``, ``scatter``, ``alltoall``, ``send``/``recv`` and the object collectives) use the
+  base class's MPI path with host staging.
+- ``MNIFY_WATCHDOG_TIMEOUT``: after queueing an NCCL collective the caller waits for it with a
+  deadline; on expiry the NCCL communicator is aborted (so the GPU stops waiting too) and
+  :class:`~mnify.runtime.errors.CollectiveTimeout` names the ranks that never arrived.
+  ``ncclCommInitRank`` itself blocks in C and cannot be bounded.
+
+Every rank must pass arrays of the same kind (all CuPy or all numpy) to a collective.
+:func:`nccl_status` tells, without raising, whether this process could run ``pure_nccl``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+from mpi4py import MPI
+
+from mnify.runtime import kernels
+from mnify.runtime.communicators import _arrays as arr
+from mnify.runtime.communicators.base import CommunicatorBase, _params
+from mnify.runtime.debug import CallSignature
+from mnify.runtime.errors import CollectiveTimeout
+
+# numpy dtype name -> name of cupy.cuda.nccl's constant
+NCCL_DTYPES: dict[str, str] = {
+    "int8": "NCCL_INT8",
+    "uint8": "NCCL_UINT8",
+    "int32": "NCCL_INT32",
+    "uint32": "NCCL_UINT32",
+    "int64": "NCCL_INT64",
+    "uint64": "NCCL_UINT64",
+    "float16": "NCCL_FLOAT16",
+    "float32": "NCCL_FLOAT32",
+    "float64": "NCCL_FLOAT64",
+}
+NCCL_OPS: dict[str, str] = {
+    "sum": "NCCL_SUM",
+    "prod": "NCCL_PROD",
+    "max": "NCCL_MAX",
+    "min": "NCCL_MIN",
+}
+# wire dtypes for gradient buckets (what the pack kernel can write)
+WIRE_DTYPES = frozenset({"float16", "float32", "float64"})
+
+Piece = tuple[int, int, int]  # (array index, first element, one past the last)
+
+
+def format_nccl_version(code: int) -> str:
+    """NCCL's integer version code as ``major.minor.patch`` (2.9+ and older encodings)."""
+    if code <= 0:
+        return "unknown"
+    if code >= 20900:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+def nccl_status() -> tuple[bool, str]:
+    """(whether ``pure_nccl`` can run in this process, why or why not); never raises.
+
+    Checks CuPy, a visible CUDA device, and CuPy's NCCL binding with a loadable library.
+    """
+    try:
+        import cupy  # type: ignore[import-not-found]
+    except Exception as exc:  # ImportError, or a broken CUDA install failing at import
+        return False, f"CuPy is not importable ({type(exc).__name__}: {exc}); install cupy-cudaXXx"
+    version = getattr(cupy, "__version__", "?")
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:
+        return False, f"CuPy {version} sees no CUDA driver/device ({type(exc).__name__}: {exc})"
+    if count == 0:
+        return False, f"CuPy {version} sees no CUDA device"
+    try:
+        from cupy.cuda import nccl  # type: ignore[import-not-found]
+    except Exception as exc:
+        return False, f"CuPy {version} has no NCCL binding ({type(exc).__name__}: {exc})"
+    if not getattr(nccl, "available", False):
+        return False, f"CuPy {version} was built without NCCL (cupy.cuda.nccl.available is False)"
+    try:
+        nccl_version = format_nccl_version(int(nccl.get_version()))
+    except Exception as exc:
+        return False, f"NCCL library not loadable by CuPy {version} ({type(exc).__name__}: {exc})"
+    return True, f"CuPy {version}, NCCL {nccl_version}, {count} CUDA device(s)"
+
+
+def device_buckets(sizes: Sequence[int], per_bucket: int | None) -> list[list[Piece]]:
+    """Cut arrays of ``sizes`` elements, in order, into buckets of at most ``per_bucket``
+    elements (an array may span buckets); ``None`` puts everything in one bucket."""
+    total = sum(sizes)
+    if per_bucket is None or per_bucket >= total:
+        pieces = [(i, 0, n) for i, n in enumerate(sizes) if n]
+        return [pieces] if pieces else []
+    buckets: list[list[Piece]] = []
+    current: list[Piece] = []
+    room = per_bucket
+    for index, size in enumerate(sizes):
+        start = 0
+        while start < size:
+            take = min(room, size - start)
+            current.append((index, start, start + take))
+            start += take
+            room -= take
+            if room == 0:
+                buckets.append(current)
+                current, room = [], per_bucket
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _describe(x: Any) -> tuple[bool, str, tuple[int, ...]]:
+    """(is a CuPy array, dtype string, shape): what ranks exchange before a device transfer."""
+    a = x if arr.is_cupy(x) else np.asarray(x)
+    return arr.is_cupy(x), np.dtype(a.dtype).str, tuple(int(d) for d in a.shape)
+
+
+class PureNcclCommunicator(CommunicatorBase):
+    """NCCL collectives on the GPU ``intra_rank`` (or ``device``), MPI for the rest.
+
+    Collective: every rank must construct it. Raises ``RuntimeError`` saying what is missing
+    when CuPy, a CUDA device or NCCL is not there.
+    """
+
+    name = "pure_nccl"
+
+    def __init__(
+        self,
+        mpi_comm: MPI.Intracomm | None = None,
+        *,
+        allreduce_grad_dtype: Any = None,
+        bucket_bytes: int | None = None,
+        device: int | None = None,
+    ) -> None:
+        ok, why = nccl_status()
+        if not ok:
+            raise RuntimeError(
+                f"the pure_nccl communicator cannot run here: {why}. "
+                "On CPU ranks use create_communicator('flat') (or 'naive', 'hierarchical')."
+            )
+        import cupy
+        from cupy.cuda import nccl
+
+        super().__init__(
+            mpi_comm, allreduce_grad_dtype=allreduce_grad_dtype, bucket_bytes=bucket_bytes
+        )
+        if (
+            self.allreduce_grad_dtype is not None
+            and self.allreduce_grad_dtype.name not in WIRE_DTYPES
+        ):
+            raise ValueError(
+                f"allreduce_grad_dtype must be float16, float32 or float64, "
+                f"got {self.allreduce_grad_dtype}"
+            )
+        self._cupy = cupy
+        self._nccl = nccl
+        count = int(cupy.cuda.runtime.getDeviceCount())
+        self.device_id = self.intra_rank if device is None else int(device)
+        if not 0 <= self.device_id < count:
+            raise RuntimeError(
+                f"pure_nccl: rank {self.rank} on host {self.host_name!r} needs GPU "
+                f"{self.device_id} (its intra_rank) but only {count} device(s) are visible: "
+                "start at most one rank per GPU on each host"
+            )
+        self._device = cupy.cuda.Device(self.device_id)
+        # None: one bucket for everything (bucket_bytes not given explicitly)
+        self._device_bucket_bytes: int | None = int(bucket_bytes) if bucket_bytes else None
+        self._nccl_comm: Any = None
+        self._buffers: dict[tuple[str, int], Any] = {}
+
+    # -- NCCL plumbing ------------------------------------------------------------------------------
+
+    def _nccl_communicator(self) -> Any:
+        """The NCCL communicator, created on first use (collective over all ranks)."""
+        if self._nccl_comm is None:
+            uid = self._nccl.get_unique_id() if self.rank == 0 else None
+            uid = pickle.loads(self._bcast_bytes(pickle.dumps(uid) if uid else None, root=0))
+            with self._device:
+                self._nccl_comm = self._nccl.NcclCommunicator(self.size, tuple(uid), self.rank)
+        return self._nccl_comm
+
+    def _nccl_dtype(self, dtype: Any) -> int:
+        return int(getattr(self._nccl, NCCL_DTYPES[np.dtype(dtype).name]))
+
+    def _nccl_op(self, op: str) -> int:
+        return int(getattr(self._nccl, NCCL_OPS[op]))
+
+    def _stream(self, stream: Any) -> Any:
+        return stream if stream is not None else self._cupy.cuda.get_current_stream()
+
+    def _settle(self, stream: Any, started: float) -> None:
+        """Under the watchdog: wait for the queued NCCL work with the collective's deadline."""
+        dog = self._watchdog
+        if dog is None:
+            return
+        event = self._cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+        deadline = started + dog.timeout
+        pause = 5e-5
+        while not event.done:
+            if time.monotonic() > deadline:
+                missing = dog.missing_ranks(dog.entered)
+                self._abort_nccl()
+                raise CollectiveTimeout(dog.kind, dog.entered, self.rank, dog.timeout, missing)
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
+    def _abort_nccl(self) -> None:
+        comm, self._nccl_comm = self._nccl_comm, None
+        if comm is not None:
+            try:
+                comm.abort()
+            except Exception:
+                comm.destroy()
+
+    def _buffer(self, dtype: Any, size: int, stream: Any) -> Any:
+        """A reusable device buffer of at least ``size`` elements, one per (dtype, stream)."""
+        key = (np.dtype(dtype).name, int(stream.ptr))
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < size:
+            buf = self._cupy.empty(size, dtype=dtype)
+            self._buffers[key] = buf
+        return buf[:size]
+
+    def _on_device(self, arrays: Sequence[Any]) -> bool:
+        return bool(arrays) and all(arr.is_cupy(a) for a in arrays)
+
+    # -- reductions -------------------------------------------------------------------------------
+
+    def _reduce_device(self, arrays: list[Any], scale: float, stream: Any = None) -> None:
+        """Sum CuPy ``arrays`` over ranks in place, times ``scale``: packed buckets, NCCL."""
+        cupy = self._cupy
+        with self._device:
+            stream = self._stream(stream)
+            comm = self._nccl_communicator()
+            started = time.monotonic()
+            wire = self.allreduce_grad_dtype or np.result_type(*[a.dtype for a in arrays])
+            wire = np.dtype(wire)
+            if wire.name not in WIRE_DTYPES:  # integer arrays: reduce in float64, exact enough
+                wire = np.dtype(np.float64)
+            # scale before summing when the wire is narrower than float32 (no float16 overflow)
+            pre = scale if wire.itemsize < 4 else 1.0
+            post = 1.0 if wire.itemsize < 4 else scale
+            flats: list[Any] = []
+            write_back: list[tuple[Any, Any]] = []
+            for a in arrays:
+                if a.flags.c_contiguous:
+                    flats.append(a.reshape(-1))
+                else:
+                    tmp = cupy.ascontiguousarray(a)
+                    write_back.append((a, tmp))
+                    flats.append(tmp.reshape(-1))
+            per_bucket = (
+                None
+                if self._device_bucket_bytes is None
+                else max(1, self._device_bucket_bytes // wire.itemsize)
+            )
+            buckets = device_buckets([int(f.size) for f in flats], per_bucket)
+            largest = max((sum(hi - lo for _, lo, hi in b) for b in buckets), default=0)
+            with stream:
+                buf_all = self._buffer(wire, largest, stream)
+                for bucket in buckets:
+                    views = [flats[i][lo:hi] for i, lo, hi in bucket]
+                    n = sum(hi - lo for _, lo, hi in bucket)
+                    buf = buf_all[:n]
+                    kernels.pack(views, buf, pre)
+                    comm.allReduce(
+                        buf.data.ptr,
+                        buf.data.ptr,
+                        n,
+                        self._nccl_dtype(wire),
+                        self._nccl_op("sum"),
+                        stream.ptr,
+                    )
+                    kernels.unpack(buf, views, post)
+                for target, tmp in write_back:
+                    target[...] = tmp
+            self._settle(stream, started)
+
+    def allreduce(self, x: Any, op: str = "sum") -> Any:
+        """A new array: ``x`` reduced over ranks with ``op`` (NCCL for CuPy arrays)."""
+        if not arr.is_cupy(x) or np.dtype(x.dtype).name not in NCCL_DTYPES:
+            return super().allreduce(x, op)
+        arr.mpi_op(op)  # the same error for unknown ops as the other communicators
+        self._enter(CallSignature.of("allreduce", [x], op=op))
+        with self._device:
+            stream = self._stream(None)
+            comm = self._nccl_communicator()
+            started = time.monotonic()
+            src = self._cupy.ascontiguousarray(x)
+            out = self._cupy.empty_like(src)
+            if src.size:
+                comm.allReduce(
+                    src.data.ptr,
+                    out.data.ptr,
+                    int(src.size),
+                    self._nccl_dtype(src.dtype),
+                    self._nccl_op(op),
+                    stream.ptr,
+                )
+            self._settle(stream, started)
+        return out
+
+    def all_reduce(self, arrays: list[Any], division: bool = False) -> None:
+        """Sum each array over ranks in place (divided by size if ``division``), packed."""
+        arrays = list(arrays)
+        if not self._on_device(arrays):
+            super().all_reduce(arrays, division)
+            return
+        self._enter(CallSignature.of("all_reduce", arrays))
+        self._reduce_device(arrays, 1.0 / self.size if division else 1.0)
+
+    def multi_node_mean_grad(
+        self, model: Any, zero_fill: bool = False, *, stream: Any = None
+    ) -> None:
+        """Average every parameter's ``.grad`` over ranks in place, on ``stream`` (default:
+        the current stream). See :meth:`CommunicatorBase.multi_node_mean_grad`."""
+        names, grads = [], []
+        for name, param in _params(model):
+            if param.grad is None:
+                if not zero_fill or getattr(param, "data", None) is None:
+                    continue
+                param.grad = arr.zeros_like(param.data)
+            names.append(name)
+            grads.append(param.grad)
+        if grads and not self._on_device(grads):
+            super().multi_node_mean_grad(model, zero_fill)
+            return
+        self._enter(
+            CallSignature.of("multi_node_mean_grad", grads, names=names)
+            if self._debug
+            else CallSignature("multi_node_mean_grad")
+        )
+        if grads:
+            self._reduce_device(grads, 1.0 / self.size, stream)
+
+    # -- broadcasts -------------------------------------------------------------------------------
+
+    def _bcast_device(self, arrays: Sequence[Any], root: int) -> None:
+        """Root's bytes of each contiguous CuPy array into the others', one NCCL group."""
+        with self._device:
+            stream = self._stream(None)
+            comm = self._nccl_communicator()
+            started = time.monotonic()
+            self._nccl.groupStart()
+            try:
+                for a in arrays:
+                    if a.nbytes:
+                        comm.bcast(
+                            a.data.ptr, int(a.nbytes), self._nccl_dtype(np.uint8), root, stream.ptr
+                        )
+            finally:
+                self._nccl.groupEnd()
+            self._settle(stream, started)
+
+    def bcast(self, x: Any, root: int = 0) -> Any:
+        """Root's ``x`` on every rank (non-roots may pass None); over NCCL when root's ``x`` is
+        a CuPy array, and then every rank gets a CuPy array."""
+        # entered first so the header exchange runs under this collective's watchdog deadline
+        self._enter(CallSignature("bcast", root=root))
+        header = _describe(x) if self.rank == root else None
+        on_device, dtype, shape = pickle.loads(
+            self._bcast_bytes(pickle.dumps(header) if header is not None else None, root)
+        )
+        if not on_device:
+            return super().bcast(x, root)
+        with self._device:
+            if self.rank == root:
+                out = self._cupy.array(x, order="C", copy=True)
+            else:
+                out = self._cupy.empty(shape, dtype=np.dtype(dtype))
+        self._bcast_device([out], root)
+        return out
+
+    def bcast_data(self, model: Any, root: int = 0) -> None:
+        """Root's parameter arrays into every rank in place (one NCCL group for CuPy params)."""
+        named = [(n, p.data) for n, p in _params(model) if getattr(p, "data", None) is not None]
+        arrays = [d for _, d in named]
+        if not self._on_device(arrays):
+            super().bcast_data(model, root)
+            return
+        self._enter(CallSignature.of("bcast_data", arrays, root=root, names=[n for n, _ in named]))
+        work = [a if a.flags.c_contiguous else self._cupy.ascontiguousarray(a) for a in arrays]
+        self._bcast_device(work, root)
+        with self._device:
+            for a, w in zip(arrays, work, strict=True):
+                if w is not a:
+                    a[...] = w
+
+    # -- gathers -----------------------------------------------------------------------------------
+
+    def allgather(self, x: Any) -> list[Any]:
+        """Every rank's ``x`` on every rank (shapes may differ); NCCL when all pass CuPy arrays
+        of one dtype (blocks padded to the largest), the MPI path otherwise."""
+        mine = _describe(x)
+        self._enter(CallSignature("allgather"))
+        headers = [pickle.loads(b) for b in self._allgather_bytes(pickle.dumps(mine))]
+        if not all(h[0] for h in headers) or len({h[1] for h in headers}) != 1:
+            return super().allgather(x)
+        cupy = self._cupy
+        dtype = np.dtype(headers[0][1])
+        sizes = [int(np.prod(h[2], dtype=np.int64)) for h in headers]
+        block = max(sizes)
+        with self._device:
+            stream = self._stream(None)
+            comm = self._nccl_communicator()
+            started = time.monotonic()
+            send = cupy.ascontiguousarray(x).reshape(-1)
+            if send.size != block:
+                padded = cupy.zeros(block, dtype=dtype)
+                padded[: send.size] = send
+                send = padded
+            recv = cupy.empty(block * self.size, dtype=dtype)
+            if block:
+                comm.allGather(
+                    send.data.ptr,
+                    recv.data.ptr,
+                    int(block * dtype.itemsize),
+                    self._nccl_dtype(np.uint8),
+                    stream.ptr,
+                )
+            self._settle(stream, started)
+            return [
+                recv[r * block : r * block + sizes[r]].reshape(headers[r][2])
+                for r in range(self.size)
+            ]
+
+    # -- the rest -----------------------------------------------------------------------------------
+
+    def split(self, color: int, key: int) -> PureNcclCommunicator:
+        """A pure_nccl communicator over the ranks with the same ``color`` (ordered by ``key``),
+        on the same GPU as this one (its own NCCL communicator, created lazily)."""
+        self._enter(CallSignature("split"))
+        sub = cast(MPI.Intracomm, self.mpi_comm.Split(color, key))
+        try:
+            return type(self)(
+                sub,
+                allreduce_grad_dtype=self.allreduce_grad_dtype,
+                bucket_bytes=self._device_bucket_bytes,
+                device=self.device_id,
+            )
+        finally:
+            sub.Free()
+
+    def finalize(self) -> None:
+        """Release the NCCL communicator and the device buffers, then the MPI side."""
+        if not self._finalized and self._nccl_comm is not None:
+            with self._device:
+                self._stream(None).synchronize()
+                comm, self._nccl_comm = self._nccl_comm, None
+                comm.destroy()
+        self._buffers.clear()
+        super().finalize()
