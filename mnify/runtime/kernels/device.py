@@ -76,6 +76,13 @@ def sm_count() -> int:
     return count
 
 
+def _tables_uploaded() -> None:
+    """Wait once for a freshly uploaded table: an upload from pageable host memory may still be
+    in flight when the call returns, and a cached table may later be read from another stream
+    (a side stream for double buffering)."""
+    cupy.cuda.get_current_stream().synchronize()
+
+
 def _remember(cache: OrderedDict[tuple[Any, ...], Any], key: tuple[Any, ...], value: Any) -> None:
     cache[key] = value
     if len(cache) > _PLAN_CACHE_SIZE:
@@ -109,6 +116,7 @@ def _bucket_plan(items: list[tuple[Any, int]]) -> _BucketPlan:
     plan = _bucket_plans.get(key)
     if plan is None:
         plan = _BucketPlan(ptrs, offsets, sizes)
+        _tables_uploaded()
         _remember(_bucket_plans, key, plan)
     else:
         _bucket_plans.move_to_end(key)
@@ -173,12 +181,18 @@ def _bucket_copy_generic(
 
 def pack(arrays: Sequence[Any], out: Any, scale: float = 1.0) -> None:
     with out.device:
-        _bucket_copy(arrays, out, scale, to_buffer=True)
+        if out.flags.c_contiguous:
+            _bucket_copy(arrays, out, scale, to_buffer=True)
+        else:  # a strided bucket: pack contiguously, then one strided copy
+            total = sum(int(a.size) for a in arrays)
+            tmp = cupy.empty(total, dtype=out.dtype)
+            _bucket_copy(arrays, tmp, scale, to_buffer=True)
+            out[:total] = tmp
 
 
 def unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> None:
     with buf.device:
-        _bucket_copy(arrays, buf, scale, to_buffer=False)
+        _bucket_copy(arrays, cupy.ascontiguousarray(buf), scale, to_buffer=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,6 +260,7 @@ def _channel_table(counts: Sequence[int], n: int, s: int) -> tuple[Any, Any]:
     if tables is None:
         base, stride = plans.channel_block_tables(counts, n, s)
         tables = (cupy.asarray(base), cupy.asarray(stride))
+        _tables_uploaded()
         _remember(_channel_tables, key, tables)
     return tables
 
