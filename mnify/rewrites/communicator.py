@@ -171,7 +171,10 @@ def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
         name_expr = "'pure_nccl'"
     else:
         name_expr = "'naive'"
-    out: list[cst.BaseStatement] = [cst.parse_statement(f"{entry.comm} = {create}({name_expr})\n")]
+    line = f"{entry.comm} = {create}({name_expr})\n"
+    if len(line) > 80:
+        line = f"{entry.comm} = {create}(\n    {name_expr})\n"
+    out: list[cst.BaseStatement] = [cst.parse_statement(line)]
     if test is not None:
         arg = f"{entry.args}.{entry.device_dest}"
         rank = f"{entry.comm}.intra_rank"

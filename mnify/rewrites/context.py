@@ -178,6 +178,9 @@ class FileContext:
         if "comm" in existing or id(func) in self._threaded_sites:
             return
         self._threaded_sites.add(id(func))
+        owner = self.facts.func_class.get(id(func))
+        label = f"{owner.name.value}.__init__" if owner is not None else func.name.value
+        self.note(func, "threading", "changed", f"{label} takes a keyword-only comm parameter")
 
         def add(node: cst.CSTNode) -> cst.CSTNode:
             assert isinstance(node, cst.FunctionDef)

@@ -31,10 +31,15 @@ def dataset_arg(call: cst.Call) -> cst.Arg | None:
 
 
 def is_training_iterator(call: cst.Call) -> bool:
+    """False for evaluation iterators: ``repeat=False`` (keyword or third positional)."""
+    repeat: cst.BaseExpression | None = None
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if len(positional) > 2:
+        repeat = positional[2].value
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value == "repeat":
-            return not (isinstance(arg.value, cst.Name) and arg.value.value == "False")
-    return True
+            repeat = arg.value
+    return not (isinstance(repeat, cst.Name) and repeat.value == "False")
 
 
 @dataclass(eq=False)
@@ -143,8 +148,9 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
         ctx.note(
             body[start],
             "dataset",
-            "info",
-            f"dataset loading stays on every rank: those lines also define {', '.join(extra)}",
+            "needs-person",
+            f"every rank loads the data (possibly downloading it at once), because those lines "
+            f"also define {', '.join(extra)}: move that out so rank 0 alone loads",
         )
         ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
         return

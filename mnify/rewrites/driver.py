@@ -102,9 +102,14 @@ def _peek_bn_factory(paths: list[str], converted: set[str]) -> Callable[[str], b
 
 
 def convert_sources(
-    sources: Mapping[str, str], options: ConvertOptions | None = None
+    sources: Mapping[str, str],
+    options: ConvertOptions | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[FileResult]:
-    """Convert ``{path: source}`` together; results in the same order."""
+    """Convert ``{path: source}`` together; results in the same order.
+
+    ``progress(path)`` is called as each file is finished (for a progress bar).
+    """
     options = options or ConvertOptions()
     results: dict[str, FileResult] = {}
     contexts: dict[str, FileContext] = {}
@@ -152,7 +157,12 @@ def convert_sources(
             grew = ctx.thread_calls({**callees, **own}) or grew
         if not grew:
             break
+    for path in sources:
+        if path not in contexts and progress is not None:
+            progress(path)
     for path, ctx in contexts.items():
+        if progress is not None:
+            progress(path)
         communicator.emit(ctx, preambles[path])
         imports.emit(ctx)
         result = results[path]

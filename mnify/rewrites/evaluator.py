@@ -8,12 +8,45 @@ batch.
 
 from __future__ import annotations
 
+import libcst as cst
+
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.optimizer import wrap_call
 
 
+def _check_early_stopping(ctx: FileContext) -> None:
+    """Ranks must stop together: the monitored value has to be the same on every rank."""
+    for call in ctx.facts.calls:
+        if not names.is_early_stopping(call.qname):
+            continue
+        monitor = next(
+            (a.value for a in call.node.args if a.keyword and a.keyword.value == "monitor"), None
+        )
+        if isinstance(monitor, cst.SimpleString) and str(monitor.evaluated_value).startswith(
+            "validation/"
+        ):
+            ctx.note(
+                call.node,
+                "evaluator",
+                "info",
+                "EarlyStoppingTrigger watches a validation key: the multi-node evaluator "
+                "averages it, so every rank stops at the same epoch",
+            )
+            continue
+        shown = ctx.code(monitor) if monitor is not None else "'main/loss' (the default)"
+        ctx.note(
+            call.node,
+            "evaluator",
+            "needs-person",
+            f"EarlyStoppingTrigger monitors {shown}: every rank must see the same value or "
+            "ranks stop at different epochs and the job hangs; monitor a 'validation/...' key",
+        )
+
+
 def plan(ctx: FileContext) -> None:
+    if ctx.options.data_parallel:
+        _check_early_stopping(ctx)
     if not ctx.options.data_parallel:
         return
     wrap = ctx.spell.top("create_multi_node_evaluator")

@@ -35,6 +35,7 @@ def plan(ctx: FileContext) -> None:
     if ctx.options.data_parallel:
         return
     _plan_iterators(ctx)
+    split = 0
     for call in ctx.facts.calls:
         if not names.is_link(call.qname, "Convolution2D"):
             continue
@@ -100,12 +101,39 @@ def plan(ctx: FileContext) -> None:
             )
 
         ctx.plan.replace_node(call.node, fn)
+        split += 1
         ctx.note(
             call.node,
             "model-parallel",
             "changed",
             f"split over ranks when {cond} >= {comm}.size (each rank owns a slice of the "
             f"output channels), else kept whole ({label})",
+        )
+    if split:
+        _check_replicas(ctx)
+
+
+def _check_replicas(ctx: FileContext) -> None:
+    """Layers that are not split are replicated: every rank must initialise them equally."""
+    seeded = any(names.last(c.qname) == "seed" and "random" in c.qname for c in ctx.facts.calls)
+    if ctx.entry is None or not ctx.comm_needed:
+        return
+    if seeded:
+        ctx.note(
+            None,
+            "model-parallel",
+            "info",
+            "replicated (unsplit) layers start equal on every rank because the script seeds "
+            "its random generator; keep the seed fixed",
+        )
+    else:
+        ctx.note(
+            None,
+            "model-parallel",
+            "needs-person",
+            "layers that are not split are replicated on every rank and must start equal: "
+            "seed numpy's generator identically on all ranks (np.random.seed) before building "
+            "the model",
         )
 
 

@@ -50,11 +50,26 @@ def plan(ctx: FileContext) -> None:
         )
 
 
+# A wrapped call longer than this breaks after the opening parenthesis, as black would.
+_ONE_LINE = 48
+
+
 def _wrap(func: str, comm: str):  # type: ignore[no-untyped-def]
+    """A replace-fn turning ``X(...)`` into ``func(X(...), comm)``."""
+
     def fn(node: cst.CSTNode) -> cst.CSTNode:
         assert isinstance(node, cst.BaseExpression)
+        inner = cst.Module([]).code_for_node(node)
+        ws: cst.BaseParenthesizableWhitespace = cst.SimpleWhitespace("")
+        if len(inner) > _ONE_LINE and "\n" not in inner:
+            ws = cst.ParenthesizedWhitespace(
+                first_line=cst.TrailingWhitespace(),
+                indent=True,
+                last_line=cst.SimpleWhitespace("    "),
+            )
         return cst.Call(
             func=cst.parse_expression(func),
+            whitespace_before_args=ws,
             args=[
                 cst.Arg(node, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
                 cst.Arg(cst.parse_expression(comm)),
