@@ -57,15 +57,18 @@ class LintConfig:
             return True
         return fnmatch.fnmatch(self._relative(path), pattern.rstrip("/"))
 
-    def ignores_for(self, path: Path) -> tuple[str, ...]:
-        """``ignore`` plus the ``per-file-ignores`` whose glob matches ``path``."""
-        extra = [
+    def per_file_ignores_for(self, path: Path) -> tuple[str, ...]:
+        """The codes of every ``per-file-ignores`` glob that matches ``path``."""
+        return tuple(
             code
             for pattern, codes in self.per_file_ignores
             if self._matches(path, pattern)
             for code in codes
-        ]
-        return self.ignore + tuple(extra)
+        )
+
+    def ignores_for(self, path: Path) -> tuple[str, ...]:
+        """``ignore`` plus the matching ``per-file-ignores``."""
+        return self.ignore + self.per_file_ignores_for(path)
 
     def excludes(self, path: Path) -> bool:
         return any(self._matches(path, pattern) for pattern in self.exclude)

@@ -49,22 +49,32 @@ def lint_paths(
     ignore: Sequence[str] = (),
     extend_select: Sequence[str] = (),
 ) -> LintResult:
-    """Lint ``paths``; command-line selectors override (``select``) or extend the config's."""
+    """Lint ``paths``. A command-line ``select`` replaces the config's selection (its
+    ``select``, ``extend-select`` and ``ignore``; ``per-file-ignores`` still apply); otherwise
+    the command line's ``ignore``/``extend_select`` extend the config's."""
     finder = ConfigFinder()
     result = LintResult()
     for path in discover(paths, finder):
         shown = path.as_posix()
         result.files += 1
         config: LintConfig = finder.for_path(path)
+        if select is not None:
+            chosen, ignored, extended = select, config.per_file_ignores_for(path), ()
+        else:
+            chosen, ignored, extended = (
+                config.select,
+                config.ignores_for(path),
+                config.extend_select,
+            )
         try:
             source = path.read_text(encoding="utf-8")
             result.diagnostics.extend(
                 lint_source(
                     source,
                     shown,
-                    select=select if select is not None else config.select,
-                    ignore=tuple(config.ignores_for(path)) + tuple(ignore),
-                    extend_select=config.extend_select + tuple(extend_select),
+                    select=chosen,
+                    ignore=tuple(ignored) + tuple(ignore),
+                    extend_select=tuple(extended) + tuple(extend_select),
                 )
             )
         except LintSyntaxError as exc:
