@@ -58,9 +58,10 @@ def lint_paths(
         shown = path.as_posix()
         result.files += 1
         config: LintConfig = finder.for_path(path)
-        if select is not None:
-            chosen, ignored, extended = select, config.per_file_ignores_for(path), ()
-        else:
+        chosen: Sequence[str] | None = select
+        ignored: tuple[str, ...] = config.per_file_ignores_for(path)
+        extended: tuple[str, ...] = ()
+        if select is None:
             chosen, ignored, extended = (
                 config.select,
                 config.ignores_for(path),
