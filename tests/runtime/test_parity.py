@@ -17,12 +17,14 @@ CHECKS = [
     "MLP with MultiNodeBatchNormalization, even and uneven batches",
     "CNN via create_mnbn_model, even and uneven batches",
     "uneven batches with per-example loss weighting",
+    "float32 models within 1e-5",
+    "a head unused on some ranks: zero_fill averages zeros for it",
     "lazily initialised Linear(None, n): broadcast after init, no batch lost",
     "update() without a loss function broadcasts first, then averages",
     "attributes pass through to the wrapped optimizer",
 ]
 
 
-@pytest.mark.parametrize("n_ranks", [2, 3])
-def test_data_parallel_parity(n_ranks: int) -> None:
-    run_script(n_ranks, "parity_checks.py", CHECKS)
+@pytest.mark.parametrize(("n_ranks", "comm"), [(2, "naive"), (3, "naive"), (3, "flat")])
+def test_data_parallel_parity(n_ranks: int, comm: str) -> None:
+    run_script(n_ranks, "parity_checks.py", CHECKS, comm=comm)

@@ -9,9 +9,12 @@ from tests.support.mpirun import RankRun, run_ranks
 SCRIPTS = Path(__file__).resolve().parent
 
 
-def run_script(n: int, script: str, expected: list[str], *, timeout: float = 240) -> RankRun:
-    """Run ``script`` on ``n`` ranks; every rank must print ``PASS <name>`` for each expected name."""
-    run = run_ranks(n, SCRIPTS / script, timeout=timeout)
+def run_script(
+    n: int, script: str, expected: list[str], *, comm: str = "naive", timeout: float = 240
+) -> RankRun:
+    """Run ``script`` on ``n`` ranks with communicator ``comm``; every rank must print
+    ``PASS <name>`` for each expected name."""
+    run = run_ranks(n, SCRIPTS / script, timeout=timeout, env={"MNIFY_TEST_COMM": comm})
     for rank in range(n):
         passed = [line[len("PASS ") :] for line in run.rank_lines(rank) if line.startswith("PASS ")]
         missing = [name for name in expected if name not in passed]
