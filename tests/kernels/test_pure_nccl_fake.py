@@ -1,0 +1,158 @@
+"""pure_nccl's logic under real MPI ranks on CPU, with NCCL and CuPy stood in by tests/kernels/fakecupy.
+
+The fake performs each NCCL call pure_nccl makes (raw device pointers, element counts, NCCL
+dtypes, in-place buffers) with MPI on the memory behind those pointers, and the CUDA kernels are
+replaced by their numpy twins. What is checked is everything above the library: the lazy
+communicator with its MPI-broadcast unique id, bucket packing with the 1/size scale and the
+fp16 wire dtype, padding for uneven allgathers, the root-decides header of bcast, in-place
+bcast_data, the fallbacks to the MPI path, the watchdog wait, and finalize. Real GPUs: see
+tests/gpu and scripts/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.mpirun import run_ranks
+
+FAKE = Path(__file__).resolve().parent / "fakecupy"
+
+SCRIPT = r"""
+import sys, types
+sys.path.insert(0, FAKE)
+import numpy as np
+import cupy
+from mnify.runtime.kernels import host
+
+# the CUDA kernels -> their numpy twins (the fake "device" arrays are numpy underneath)
+shim = types.ModuleType("mnify.runtime.kernels.device")
+shim.pack, shim.unpack = host.pack, host.unpack
+sys.modules["mnify.runtime.kernels.device"] = shim
+
+from mnify.runtime.communicators import create_communicator
+from mnify.runtime.communicators.pure_nccl import PureNcclCommunicator, nccl_status
+
+calls = cupy.cuda.nccl.NcclCommunicator.calls
+
+def check(name, cond, detail=""):
+    if not cond:
+        raise AssertionError(f"{name} failed on rank {comm.rank}: {detail}")
+    print("CHECK", name)
+
+assert nccl_status()[0], nccl_status()
+comm = create_communicator("pure_nccl")
+r, n = comm.rank, comm.size
+check("identity", isinstance(comm, PureNcclCommunicator) and comm.device_id == comm.intra_rank)
+check("lazy", calls == [], calls)
+
+class P:
+    def __init__(self, data, grad):
+        self.data, self.grad = data, grad
+
+class M:
+    def __init__(self, params):
+        self.params = params
+    def namedparams(self):
+        return iter(self.params.items())
+
+def grads_of(rank, dtype=np.float32):
+    rng = np.random.default_rng(rank)
+    shapes = {"z/W": (5, 3, 3, 3), "a/b": (7,), "m/g": (2, 11), "q/e": (0,)}
+    return {k: rng.standard_normal(s).astype(dtype) for k, s in shapes.items()}
+
+def model_of(rank, dtype=np.float32):
+    return M({k: P(cupy.asarray(v * 0 + rank), cupy.asarray(v)) for k, v in grads_of(rank, dtype).items()})
+
+# -- multi_node_mean_grad: one packed float32 bucket, 1/size fused
+model = model_of(r)
+comm.multi_node_mean_grad(model)
+check("nccl created once", calls[:1] == ["init"], calls)
+expect = {k: np.mean([grads_of(q)[k] for q in range(n)], axis=0) for k in model.params}
+for k, p in model.params.items():
+    check(f"mean_grad {k}", isinstance(p.grad, cupy.ndarray) and np.allclose(cupy.asnumpy(p.grad), expect[k], rtol=1e-6, atol=1e-6))
+total = sum(v.size for v in grads_of(0).values())
+check("one bucket one allreduce", calls[1:] == [f"allReduce:7:{total}"], calls)
+
+# zero_fill: a missing grad becomes zeros on every rank and is reduced with the rest
+model = model_of(r)
+model.params["a/b"].grad = None
+comm.multi_node_mean_grad(model, zero_fill=True)
+check("zero_fill", np.array_equal(cupy.asnumpy(model.params["a/b"].grad), np.zeros(7, np.float32)))
+
+# -- all_reduce over a list, in place, with division; non-contiguous and mixed dtypes
+base = cupy.asarray(np.arange(24, dtype=np.float64).reshape(4, 6) * (r + 1))
+arrays = [cupy.full((3,), float(r), np.float32), base[:, ::2], cupy.asarray(np.full(5, r + 1, np.float16))]
+comm.all_reduce(arrays, division=True)
+tri = sum(range(1, n + 1))
+check("all_reduce f32", np.allclose(cupy.asnumpy(arrays[0]), sum(range(n)) / n))
+check("all_reduce strided", np.allclose(cupy.asnumpy(base[:, ::2]), np.arange(24.0).reshape(4, 6)[:, ::2] * tri / n))
+check("all_reduce f16", np.allclose(cupy.asnumpy(arrays[2]), tri / n, rtol=1e-3))
+check("all_reduce wire is the widest dtype", calls[-1].startswith("allReduce:8:"), calls[-1])
+
+# -- allreduce: new array, every op, and a dtype NCCL lacks (int16) through MPI
+x = cupy.asarray(np.array([r, -r, 2], dtype=np.int32))
+for op, ref in (("sum", [sum(range(n)), -sum(range(n)), 2 * n]), ("max", [n - 1, 0, 2]), ("min", [0, -(n - 1), 2]), ("prod", [0, 0, 2 ** n])):
+    y = comm.allreduce(x, op)
+    check(f"allreduce {op}", isinstance(y, cupy.ndarray) and cupy.asnumpy(y).tolist() == ref and y.data.ptr != x.data.ptr, cupy.asnumpy(y))
+before = len(calls)
+b = comm.allreduce(cupy.asarray(np.array([r, 1], dtype=np.int16)), "max")
+check("allreduce int16 via MPI", isinstance(b, cupy.ndarray) and cupy.asnumpy(b).tolist() == [n - 1, 1] and len(calls) == before)
+
+# -- bcast: root decides; non-roots pass None and still get a device array
+root = n - 1
+got = comm.bcast(cupy.asarray(np.arange(6, dtype=np.float16).reshape(2, 3) + r) if r == root else None, root=root)
+check("bcast device", isinstance(got, cupy.ndarray) and got.shape == (2, 3) and got.dtype == np.float16 and np.array_equal(cupy.asnumpy(got), np.arange(6).reshape(2, 3) + root))
+check("bcast as bytes", calls[-1] == "bcast:1:12", calls[-1])
+host_got = comm.bcast(np.arange(3) * 7 if r == 0 else None)
+check("bcast host fallback", not isinstance(host_got, cupy.ndarray) and host_got.tolist() == [0, 7, 14])
+
+# -- bcast_data: in place, same buffers
+model = model_of(r)
+ptrs = {k: p.data.data.ptr for k, p in model.params.items()}
+comm.bcast_data(model)
+check("bcast_data", all(p.data.data.ptr == ptrs[k] and np.all(cupy.asnumpy(p.data) == 0) for k, p in model.params.items()))
+
+# -- allgather: uneven shapes are padded to the largest block, then trimmed
+mine = cupy.asarray(np.full((r + 1, 2), r, dtype=np.float32))
+parts = comm.allgather(mine)
+check("allgather uneven", [p.shape for p in parts] == [(q + 1, 2) for q in range(n)] and all(np.all(cupy.asnumpy(p) == q) for q, p in enumerate(parts)))
+check("allgather padded bytes", calls[-1] == f"allGather:1:{n * 2 * 4}", calls[-1])
+mixed = comm.allgather(mine if r == 0 else cupy.asnumpy(mine))
+check("allgather mixed modules via MPI", [np.asarray(p).shape for p in mixed] == [(q + 1, 2) for q in range(n)])
+g = comm.gather(mine, root=0)
+check("gather via MPI", (g is None) == (r != 0))
+
+# -- fp16 transport: scaled before the sum, within float16 tolerance
+c16 = create_communicator("pure_nccl", allreduce_grad_dtype=np.float16)
+model = model_of(r)
+c16.multi_node_mean_grad(model)
+for k, p in model.params.items():
+    check(f"fp16 {k}", p.grad.dtype == np.float32 and np.allclose(cupy.asnumpy(p.grad), expect[k], rtol=2e-3, atol=2e-3))
+check("fp16 wire", calls[-1] == f"allReduce:6:{total}", calls[-1])
+c16.finalize()
+
+# -- explicit bucket_bytes: arrays split across several buckets
+cb = create_communicator("pure_nccl", bucket_bytes=64)
+model = model_of(r)
+cb.multi_node_mean_grad(model)
+for k, p in model.params.items():
+    check(f"buckets {k}", np.allclose(cupy.asnumpy(p.grad), expect[k], rtol=1e-6, atol=1e-6))
+sizes = [int(c.split(":")[2]) for c in calls if c.startswith("allReduce:7:")][-((total + 15) // 16):]
+check("buckets of 16 floats", sum(sizes) == total and max(sizes) == 16, sizes)
+cb.finalize()
+
+comm.finalize()
+check("finalize destroys", calls.count("destroy") == 3, calls)
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_pure_nccl_logic_on_fake_devices(ranks: int) -> None:
+    env = {"MNIFY_WATCHDOG_TIMEOUT": "60", "MNIFY_DEBUG": "1"} if ranks == 2 else None
+    run = run_ranks(ranks, f"FAKE = {str(FAKE)!r}\n" + SCRIPT, timeout=180, env=env)
+    expected = [line for line in run.rank_lines(0) if line.startswith("CHECK")]
+    assert len(expected) > 30, run.output
+    for r in range(1, ranks):
+        assert [ln for ln in run.rank_lines(r) if ln.startswith("CHECK")] == expected, run.output
