@@ -28,18 +28,25 @@ class LintResult:
 
 
 def discover(paths: Sequence[Path], finder: ConfigFinder) -> Iterator[Path]:
-    """Files named on the command line always; ``*.py`` below directories, sorted."""
+    """Files named on the command line always; ``*.py`` below directories, sorted; each file
+    once even when named twice (directly and through its directory)."""
+    seen: set[Path] = set()
     for path in paths:
-        if not path.is_dir():
-            yield path
-            continue
-        for candidate in sorted(path.rglob("*.py")):
-            relative = candidate.relative_to(path).parts[:-1]
-            if any(part in SKIPPED_DIRECTORIES or part.startswith(".") for part in relative):
-                continue
-            if finder.for_path(candidate).excludes(candidate):
-                continue
-            yield candidate
+        if path.is_dir():
+            candidates = []
+            for candidate in sorted(path.rglob("*.py")):
+                relative = candidate.relative_to(path).parts[:-1]
+                if any(part in SKIPPED_DIRECTORIES or part.startswith(".") for part in relative):
+                    continue
+                if not finder.for_path(candidate).excludes(candidate):
+                    candidates.append(candidate)
+        else:
+            candidates = [path]
+        for candidate in candidates:
+            key = candidate.resolve()
+            if key not in seen:
+                seen.add(key)
+                yield candidate
 
 
 def lint_paths(
