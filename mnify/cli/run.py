@@ -1,0 +1,182 @@
+"""``mnify run``: launch a script on N ranks with mpiexec and explain how it failed.
+
+    mnify run -n 4 train_mn.py --epoch 3
+    mnify run -n 8 --hostfile hosts train_mn.py
+    mnify run -n 8 --host node1:4,node2:4 --watchdog 120 train_mn.py
+    mnify run -n 8 --hostfile hosts --dry-run train_mn.py    # the command, for a batch script
+
+Exit status: the job's (mpiexec's); 2 for a usage error (missing script, unreadable hostfile, no
+mpiexec) without launching anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+import click
+
+from mnify.launch.command import LaunchSpec, build_command
+from mnify.launch.failures import render_summary, summarize
+from mnify.launch.hosts import HostSpecError, parse_host_list, parse_hostfile, total_slots
+from mnify.launch.mpiexec import ENV_MPIEXEC, MpiExecNotFound, describe_mpiexec, find_mpiexec
+from mnify.launch.runner import run_job
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def _exit_status(returncode: int) -> int:
+    """mpiexec killed by a signal shows as -SIG from Popen; shells say 128+SIG."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@click.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option(
+    "-n",
+    "-np",
+    "--np",
+    "nprocs",
+    type=click.IntRange(min=1),
+    required=True,
+    help="Number of ranks.",
+)
+@click.option(
+    "--hostfile", type=str, default=None, help="Hostfile ('node1 slots=4' lines; MPICH: 'node1:4')."
+)
+@click.option("--host", "hosts", type=str, default=None, help="Hosts and slots: node1:4,node2:4.")
+@click.option(
+    "--watchdog",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Set MNIFY_WATCHDOG_TIMEOUT: collectives fail, not hang.",
+)
+@click.option("--tag-output", is_flag=True, help="Prefix every rank line with [RANK].")
+@click.option(
+    "--dry-run", is_flag=True, help="Print the mpiexec command and environment; run nothing."
+)
+@click.option(
+    "--mpi-arg",
+    "mpi_args",
+    multiple=True,
+    metavar="ARGS",
+    help="Extra mpiexec arguments, shell-split; repeatable (e.g. '--mca btl tcp,self').",
+)
+@click.option(
+    "-x",
+    "--export",
+    "exports",
+    multiple=True,
+    metavar="NAME[=VALUE]",
+    help="Also forward this environment variable to every rank; repeatable.",
+)
+@click.option(
+    "--mpiexec",
+    "mpiexec_path",
+    type=str,
+    default=None,
+    help=f"The mpiexec to use (default: beside Python, ${ENV_MPIEXEC}, then PATH).",
+)
+@click.option(
+    "--hold-seconds",
+    type=float,
+    default=10.0,
+    hidden=True,
+    help="How long a traceback may stay held back while the job still runs.",
+)
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def run(
+    nprocs: int,
+    hostfile: str | None,
+    hosts: str | None,
+    watchdog: float | None,
+    tag_output: bool,
+    dry_run: bool,
+    mpi_args: tuple[str, ...],
+    exports: tuple[str, ...],
+    mpiexec_path: str | None,
+    hold_seconds: float,
+    script: str,
+    script_args: tuple[str, ...],
+) -> None:
+    """Run SCRIPT on N ranks with mpiexec; collapse the ranks' tracebacks when it fails."""
+    if not os.path.isfile(script):
+        _fail(f"script not found: {script}")
+    if hostfile is not None and hosts is not None:
+        _fail("give either --hostfile or --host, not both")
+    try:
+        host_list = (
+            parse_hostfile(hostfile)
+            if hostfile is not None
+            else parse_host_list(hosts)
+            if hosts is not None
+            else None
+        )
+    except HostSpecError as exc:
+        _fail(str(exc))
+    try:
+        mpiexec = describe_mpiexec(mpiexec_path) if mpiexec_path else find_mpiexec()
+    except MpiExecNotFound as exc:
+        _fail(str(exc))
+    spec = LaunchSpec(
+        nprocs=nprocs,
+        script=script,
+        script_args=list(script_args),
+        hostfile=hostfile,
+        hosts=hosts,
+        watchdog=watchdog,
+        mpi_args=[arg for chunk in mpi_args for arg in shlex.split(chunk)],
+        export=list(exports),
+    )
+    command = build_command(spec, mpiexec)
+    notes = list(command.notes)
+    if host_list is not None:
+        slots = total_slots(host_list)
+        if slots is not None and nprocs > slots:
+            notes.append(
+                f"{nprocs} ranks but the hosts offer {slots} slots: mpiexec will refuse "
+                "(raise the slot counts, or pass --mpi-arg --oversubscribe on purpose)"
+            )
+        if (
+            mpiexec.flavor == "mpich"
+            and hostfile
+            and any("slots=" in line for line in open(hostfile, encoding="utf-8"))
+        ):
+            notes.append(f"{hostfile} uses Open MPI's 'slots=' syntax; MPICH expects 'host:N'")
+    for note in notes:
+        click.echo(f"warning: {note}", err=True)
+    if dry_run:
+        click.echo(f"# {mpiexec.description}")
+        click.echo(command.shell_text())
+        return
+
+    result = run_job(
+        command,
+        mpiexec.flavor,
+        out=sys.stdout,
+        err=sys.stderr,
+        tag_output=tag_output,
+        hold_seconds=hold_seconds,
+    )
+    status = _exit_status(result.returncode)
+    if status == 0:
+        for tb in result.tracebacks:  # handled errors printed by a job that still succeeded
+            if not tb.shown:
+                for line in tb.lines:
+                    click.echo(f"[{tb.rank}] {line}" if tag_output else line, err=True)
+        sys.exit(0)
+    rerun = shlex.join(["mnify", "run", "-n", "1", script, *script_args])
+    summary = summarize(result.tracebacks, nprocs, status, result.launcher_text, rerun)
+    click.echo("", err=True)
+    click.echo(render_summary(summary), err=True)
+    if result.interrupted:
+        click.echo("mnify run: interrupted", err=True)
+    sys.exit(status)

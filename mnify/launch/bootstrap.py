@@ -1,0 +1,90 @@
+"""What each rank runs under ``mnify run``: ``python -u -m mnify.launch.bootstrap SCRIPT ARGS``.
+
+Like ``python -m mpi4py SCRIPT`` it runs the script as ``__main__`` and ends the whole job with
+``MPI_Abort`` when the script dies with an uncaught exception or a non-zero ``sys.exit``, so the
+other ranks never wait forever in a collective. Unlike it, the failing rank first prints
+``[mnify] rank R (host H) failed:`` and its traceback (the runtime's format, which ``mnify run``
+parses), then waits ``MNIFY_ABORT_GRACE`` seconds (default 1) before aborting: an abort kills
+every rank at once, and without the pause the ranks failing the same way a moment later are
+killed before their tracebacks are out, so "the same error on every rank" would look like
+"an error on rank 0 only".
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+import traceback
+
+GRACE_ENV = "MNIFY_ABORT_GRACE"
+DEFAULT_GRACE = 1.0
+
+
+def abort_grace() -> float:
+    try:
+        return max(0.0, float(os.environ.get(GRACE_ENV, DEFAULT_GRACE)))
+    except ValueError:
+        return DEFAULT_GRACE
+
+
+def _failure_header() -> str:
+    """The runtime's header (``mnify.runtime.failure``), built here without importing it."""
+    from mpi4py import MPI
+
+    host = os.environ.get("MNIFY_HOSTNAME") or MPI.Get_processor_name()
+    return f"[mnify] rank {MPI.COMM_WORLD.Get_rank()} (host {host}) failed:"
+
+
+def _abort(code: int) -> None:
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        os._exit(code)
+    if MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(code)
+    os._exit(code)
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback without this module's and runpy's frames."""
+    tb = exc.__traceback__
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.stderr.write("usage: python -m mnify.launch.bootstrap SCRIPT [ARGS...]\n")
+        sys.exit(2)
+    sys.argv[:] = argv
+    sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        if code is None or code == 0:
+            raise
+        if not isinstance(code, int):
+            sys.stderr.write(f"{code}\n")
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _abort(code)
+    except KeyboardInterrupt:
+        _abort(130)
+    except BaseException as exc:
+        sys.stdout.flush()
+        sys.stderr.write(f"{_failure_header()}\n{_user_traceback(exc)}")
+        sys.stderr.flush()
+        time.sleep(abort_grace())
+        _abort(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,138 @@
+"""Running the mpiexec job: stream rank output as it comes, keep tracebacks for the summary.
+
+Two reader threads turn mpiexec's stdout and stderr into lines on one queue; the calling thread
+writes them out (without mpiexec's rank tags unless asked) and feeds each rank's stderr to a
+:class:`~mnify.launch.failures.TracebackCollector`, which holds tracebacks back so a failed job
+can show each distinct one once. A held traceback that stops growing while the job still runs is
+printed raw after ``hold_seconds`` so a rank that hangs after a handled error is not hidden.
+"""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, TextIO
+
+from mnify.launch.command import LaunchCommand
+from mnify.launch.failures import RankTraceback, TracebackCollector
+from mnify.launch.mpiexec import Flavor
+from mnify.launch.ranklines import RankLine, parse_line
+
+_EOF = object()
+
+
+@dataclass
+class JobResult:
+    """How the job ended and what the summary needs from its output."""
+
+    returncode: int
+    tracebacks: list[RankTraceback]
+    launcher_text: str  # stderr outside tracebacks: mpiexec's reports, MPI_ABORT banners
+    stderr_by_rank: dict[int, list[str]] = field(default_factory=dict)
+    interrupted: bool = False
+
+
+def _read_lines(stream: IO[bytes], name: str, sink: queue.Queue[object]) -> None:
+    for raw in iter(stream.readline, b""):
+        sink.put((name, raw.decode("utf-8", errors="replace").rstrip("\r\n")))
+    sink.put(_EOF)
+
+
+class _Printer:
+    """Writes rank lines to the caller's streams, tagged ``[R] `` when asked."""
+
+    def __init__(self, out: TextIO, err: TextIO, tag_output: bool) -> None:
+        self.out, self.err, self.tag_output = out, err, tag_output
+
+    def write(self, rank: int | None, text: str, stream: str) -> None:
+        target = self.out if stream == "stdout" else self.err
+        prefix = f"[{rank}] " if self.tag_output and rank is not None else ""
+        target.write(f"{prefix}{text}\n")
+        target.flush()
+
+
+def run_job(
+    command: LaunchCommand,
+    flavor: Flavor,
+    *,
+    out: TextIO,
+    err: TextIO,
+    tag_output: bool = False,
+    hold_seconds: float = 10.0,
+    base_env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> JobResult:
+    """Run ``command`` to completion; returns mpiexec's exit status and the ranks' tracebacks."""
+    proc = subprocess.Popen(
+        command.argv,
+        env=command.full_env(base_env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    lines: queue.Queue[object] = queue.Queue()
+    readers = [
+        threading.Thread(target=_read_lines, args=(proc.stdout, "stdout", lines), daemon=True),
+        threading.Thread(target=_read_lines, args=(proc.stderr, "stderr", lines), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+
+    printer = _Printer(out, err, tag_output)
+    collector = TracebackCollector()
+    launcher: list[str] = []
+    stderr_by_rank: dict[int, list[str]] = {}
+    interrupted = False
+    open_streams = len(readers)
+    while open_streams:
+        try:
+            item = lines.get(timeout=0.25)
+        except queue.Empty:
+            item = None
+        except KeyboardInterrupt:
+            # The terminal sent SIGINT to mpiexec too; it stops the ranks. Keep reading until
+            # it has, so their last words (and the summary) still appear. A second Ctrl-C kills.
+            if interrupted:
+                proc.kill()
+            interrupted = True
+            continue
+        now = time.monotonic()
+        if item is _EOF:
+            open_streams -= 1
+        elif item is not None:
+            assert isinstance(item, tuple)
+            stream: str = item[0]
+            raw: str = item[1]
+            line: RankLine = parse_line(raw, flavor, stream)
+            if line.rank is None:
+                launcher.append(line.text)
+                printer.write(None, line.text, stream)
+            elif stream == "stderr":
+                stderr_by_rank.setdefault(line.rank, []).append(line.text)
+                for shown in collector.feed(line.rank, line.text, now):
+                    launcher.append(shown)
+                    printer.write(line.rank, shown, "stderr")
+            else:
+                printer.write(line.rank, line.text, "stdout")
+        for block in collector.stale(now, hold_seconds):
+            for text in block.lines:
+                printer.write(block.rank, text, "stderr")
+    try:
+        returncode = proc.wait()
+    except KeyboardInterrupt:
+        proc.kill()
+        returncode = proc.wait()
+        interrupted = True
+    return JobResult(
+        returncode=returncode,
+        tracebacks=collector.finish(),
+        launcher_text="\n".join(launcher),
+        stderr_by_rank=stderr_by_rank,
+        interrupted=interrupted,
+    )
