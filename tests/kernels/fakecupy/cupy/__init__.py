@@ -25,6 +25,9 @@ class _Memory:
     def __init__(self, ptr: int) -> None:
         self.ptr = ptr
 
+    def copy_from_device_async(self, src: _Memory, nbytes: int, stream: Any = None) -> None:
+        ctypes.memmove(self.ptr, src.ptr, nbytes)
+
 
 class Device:
     def __init__(self, device: int | None = None) -> None:
@@ -91,6 +94,18 @@ def zeros_like(x: Any) -> ndarray:
     return _wrap(np.zeros_like(np.asarray(x)))
 
 
+def abs(x: Any) -> ndarray:  # noqa: A001 - CuPy's name
+    return _wrap(np.abs(np.asarray(x)))
+
+
+class random:  # noqa: N801 - CuPy's module name
+    _rng = np.random.default_rng(0)
+
+    @staticmethod
+    def standard_normal(size: Any = None, dtype: Any = np.float64) -> ndarray:
+        return _wrap(random._rng.standard_normal(size).astype(dtype))
+
+
 def asnumpy(x: Any) -> np.ndarray:
     return np.array(np.asarray(x).view(np.ndarray), copy=True)
 
@@ -125,6 +140,13 @@ class Event:
     def record(self, stream: Any = None) -> None:
         self.done = True
 
+    def synchronize(self) -> None:
+        return None
+
+
+def _get_elapsed_time(start: Event, stop: Event) -> float:
+    return 1.0  # milliseconds; the fake has no clock worth reading
+
 
 def _get_current_stream() -> Stream:
     return _DEFAULT_STREAM
@@ -138,6 +160,10 @@ class _Runtime:
     @staticmethod
     def getDeviceProperties(device: int) -> dict[str, Any]:  # noqa: N802
         return {"name": b"fake", "multiProcessorCount": 4}
+
+    @staticmethod
+    def runtimeGetVersion() -> int:  # noqa: N802
+        return 13000
 
 
 # -- cupy.cuda.nccl: each call done with MPI on views of the raw addresses ----------------------
@@ -230,6 +256,7 @@ cuda = _module(
     Stream=Stream,
     Event=Event,
     get_current_stream=_get_current_stream,
+    get_elapsed_time=_get_elapsed_time,
     runtime=_Runtime,
     nccl=nccl,
 )
