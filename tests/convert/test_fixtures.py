@@ -1,0 +1,43 @@
+"""Each fixture converts to exactly its expected output, which parses and is a fixed point."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from mnify.rewrites import convert_sources
+from tests.convert.cases import CASES, FIXTURES, Case, expected_path, read_sources
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_fixture(case: Case, regen: bool) -> None:
+    sources = read_sources(case)
+    results = convert_sources(sources, case.options)
+    for r in results:
+        assert r.error is None, r.error
+        assert r.output is not None
+        cst.parse_module(r.output)  # output parses
+        compile(r.output, r.path, "exec")
+        target = expected_path(case, r.path)
+        if regen:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(r.output, encoding="utf-8")
+            continue
+        assert target.exists(), f"missing {target}: run pytest tests/convert --regen"
+        assert r.output == target.read_text(encoding="utf-8"), (
+            f"{r.path} converts differently from {target.relative_to(FIXTURES)}:\n{r.diff()}"
+        )
+    assert any(r.changed for r in results), "a fixture that converts to itself tests nothing"
+    # Idempotent: converting the converted files (together, as before) changes nothing.
+    again = convert_sources({r.path: r.output or "" for r in results}, case.options)
+    for first, second in zip(results, again, strict=True):
+        assert second.error is None
+        assert second.output == first.output, (
+            f"second conversion changed {first.path}:\n{second.diff()}"
+        )
+
+
+def test_every_fixture_file_is_a_case() -> None:
+    names = {p.name.removesuffix(".in.py") for p in FIXTURES.glob("*.in.py")}
+    names |= {p.name for p in FIXTURES.iterdir() if p.is_dir() and (p / "in").is_dir()}
+    assert names == {c.name for c in CASES}
