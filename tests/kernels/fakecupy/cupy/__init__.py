@@ -94,6 +94,18 @@ def zeros_like(x: Any) -> ndarray:
     return _wrap(np.zeros_like(np.asarray(x)))
 
 
+def arange(*args: Any, dtype: Any = None) -> ndarray:
+    return _wrap(np.arange(*args, dtype=dtype))
+
+
+def ones(shape: Any, dtype: Any = np.float64) -> ndarray:
+    return _wrap(np.ones(shape, dtype=dtype))
+
+
+bool_, int8, uint8, int16, int32, int64 = np.bool_, np.int8, np.uint8, np.int16, np.int32, np.int64
+float16, float32, float64 = np.float16, np.float32, np.float64
+
+
 def abs(x: Any) -> ndarray:  # noqa: A001 - CuPy's name
     return _wrap(np.abs(np.asarray(x)))
 
