@@ -119,6 +119,10 @@ class MultiNodeOptimizer(_WrapperBase):
         self._set_own("synced_signature", signature)
         return True
 
+    def mark_synchronized(self) -> None:
+        """Declare the ranks' parameters equal (all loaded the same checkpoint): no broadcast."""
+        self._set_own("synced_signature", param_signature(self._target))
+
     def update(self, lossfun: Any = None, *args: Any, **kwds: Any) -> None:
         """One synchronous step; see the module docstring for what happens on the first one."""
         if lossfun is None:
