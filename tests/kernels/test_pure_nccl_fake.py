@@ -78,7 +78,7 @@ check("one bucket one allreduce", calls[1:] == [f"allReduce:7:{total}"], calls)
 # zero_fill: a missing grad becomes zeros on every rank and is reduced with the rest
 model = model_of(r)
 model.params["a/b"].grad = None
-comm.multi_node_mean_grad(model, zero_fill=True)
+comm.multi_node_mean_grad(model, zero_fill=True, stream=cupy.cuda.Stream(non_blocking=True))
 check("zero_fill", np.array_equal(cupy.asnumpy(model.params["a/b"].grad), np.zeros(7, np.float32)))
 
 # -- all_reduce over a list, in place, with division; non-contiguous and mixed dtypes

@@ -206,6 +206,18 @@ class PureNcclCommunicator(CommunicatorBase):
     def _stream(self, stream: Any) -> Any:
         return stream if stream is not None else self._cupy.cuda.get_current_stream()
 
+    def _after_current(self, stream: Any) -> Any:
+        """``stream`` (default: the current one), made to wait for the work already queued on
+        the current stream -- the kernels that computed the gradients -- without the host
+        waiting."""
+        current = self._cupy.cuda.get_current_stream()
+        if stream is None or stream.ptr == current.ptr:
+            return current
+        ready = self._cupy.cuda.Event(block=False, disable_timing=True)
+        ready.record(current)
+        stream.wait_event(ready)
+        return stream
+
     def _settle(self, stream: Any, started: float) -> None:
         """Under the watchdog: wait for the queued NCCL work with the collective's deadline."""
         dog = self._watchdog
@@ -249,7 +261,7 @@ class PureNcclCommunicator(CommunicatorBase):
         """Sum CuPy ``arrays`` over ranks in place, times ``scale``: packed buckets, NCCL."""
         cupy = self._cupy
         with self._device:
-            stream = self._stream(stream)
+            stream = self._after_current(stream)
             comm = self._nccl_communicator()
             started = time.monotonic()
             wire = self.allreduce_grad_dtype or np.result_type(*[a.dtype for a in arrays])

@@ -141,6 +141,9 @@ class Stream:
     def synchronize(self) -> None:
         return None
 
+    def wait_event(self, event: Any) -> None:
+        assert event.done, "waits only on recorded events"
+
 
 _DEFAULT_STREAM = Stream()
 
