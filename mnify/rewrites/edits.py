@@ -45,13 +45,20 @@ class EditPlan:
         self._keep.append(node)
         self.replace.setdefault(id(node), []).append(fn)
 
-    def insert_before(self, stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> None:
+    def insert_before(
+        self, stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement], *, first: bool = False
+    ) -> None:
         self._keep.append(stmt)
-        self.before.setdefault(id(stmt), []).extend(new)
+        current = self.before.setdefault(id(stmt), [])
+        current[:] = [*new, *current] if first else [*current, *new]
 
-    def insert_after(self, stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> None:
+    def insert_after(
+        self, stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement], *, first: bool = False
+    ) -> None:
+        """Insert after ``stmt``; ``first`` puts ``new`` ahead of earlier insertions (imports)."""
         self._keep.append(stmt)
-        self.after.setdefault(id(stmt), []).extend(new)
+        current = self.after.setdefault(id(stmt), [])
+        current[:] = [*new, *current] if first else [*current, *new]
 
     def guard_stmt(self, stmt: cst.BaseStatement, guard: Guard) -> bool:
         """Guard ``stmt`` unless another rewrite already did; returns whether it was added."""

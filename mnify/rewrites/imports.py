@@ -30,7 +30,7 @@ def emit(ctx: FileContext) -> None:
         return
     new = [cst.parse_statement(line + "\n") for line in wanted]
     if ctx.facts.imports:
-        ctx.plan.insert_after(ctx.facts.imports[-1], new)
+        ctx.plan.insert_after(ctx.facts.imports[-1], new, first=True)
         return
     body = list(ctx.module.body)
     if not body:
@@ -42,6 +42,6 @@ def emit(ctx: FileContext) -> None:
         and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
     if is_doc and len(body) > 1:
-        ctx.plan.insert_after(first, new)
+        ctx.plan.insert_after(first, new, first=True)
     else:
-        ctx.plan.insert_before(first, new)
+        ctx.plan.insert_before(first, new, first=True)

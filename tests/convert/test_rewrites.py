@@ -1,0 +1,225 @@
+"""Single rewrites on small sources: the idioms each step must handle, and what it reports."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from mnify.rewrites import ConvertOptions, convert_source, convert_sources
+from mnify.rewrites.driver import FileResult
+
+
+def conv(source: str, **options: str) -> FileResult:
+    result = convert_source(textwrap.dedent(source), "train.py", ConvertOptions(**options))  # type: ignore[arg-type]
+    assert result.error is None, result.error
+    return result
+
+
+def out(source: str, **options: str) -> str:
+    text = conv(source, **options).output
+    assert text is not None
+    return text
+
+
+def people(result: FileResult) -> list[str]:
+    return [e.message for e in result.entries if e.severity == "needs-person"]
+
+
+HEAD = """\
+import argparse
+import chainer
+import chainer.links as L
+from chainer import cuda
+
+"""
+
+
+def test_literal_gpu_ids_become_intra_rank() -> None:
+    text = out(
+        HEAD
+        + """\
+def main():
+    model = L.Classifier(L.Linear(3, 2))
+    cuda.get_device_from_id(0).use()
+    model.to_gpu(0)
+    opt = chainer.optimizers.SGD()
+"""
+    )
+    assert "cuda.get_device_from_id(comm.intra_rank).use()" in text
+    assert "model.to_gpu(comm.intra_rank)" in text
+    assert "comm = mn.create_communicator('pure_nccl')" in text  # GPU-only script
+
+
+def test_bare_to_gpu_without_a_current_device_gets_the_ranks_gpu() -> None:
+    text = out(
+        HEAD
+        + """\
+def main():
+    model = L.Linear(3, 2)
+    model.to_gpu()
+    opt = chainer.optimizers.SGD()
+"""
+    )
+    assert "model.to_gpu(comm.intra_rank)" in text
+
+
+def test_unknown_device_idiom_is_reported_not_guessed() -> None:
+    result = conv(
+        HEAD
+        + """\
+def main():
+    model = L.Linear(3, 2)
+    model.to_gpu(pick_free_gpu())
+    opt = chainer.optimizers.SGD()
+"""
+    )
+    assert "model.to_gpu(pick_free_gpu())" in (result.output or "")
+    assert any("device idiom not understood" in m for m in people(result))
+
+
+def test_cpu_only_script_gets_the_cpu_communicator() -> None:
+    text = out(
+        HEAD
+        + """\
+def main():
+    model = L.Linear(3, 2)
+    opt = chainer.optimizers.SGD()
+"""
+    )
+    assert "comm = mn.create_communicator('naive')" in text
+
+
+def test_store_true_gpu_flag_chooses_at_run_time() -> None:
+    text = out(
+        HEAD
+        + """\
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--gpu', action='store_true')
+    args = parser.parse_args()
+    opt = chainer.optimizers.SGD()
+"""
+    )
+    assert "mn.create_communicator('pure_nccl' if args.gpu else 'naive')" in text
+
+
+def test_optimizer_built_in_a_method_is_reported() -> None:
+    result = conv(
+        HEAD
+        + """\
+class Maker:
+    def build(self):
+        return chainer.optimizers.Adam()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    args = parser.parse_args()
+    opt = Maker().build()
+"""
+    )
+    assert "chainer.optimizers.Adam()" in (result.output or "")
+    assert any("wrap it with mn.create_multi_node_optimizer" in m for m in people(result))
+
+
+def test_noqa_keeps_one_step_off_a_line() -> None:
+    text = out(
+        HEAD
+        + """\
+def main():
+    opt = chainer.optimizers.SGD()  # noqa: MN803
+    other = chainer.optimizers.Adam()
+"""
+    )
+    assert "opt = chainer.optimizers.SGD()  # noqa: MN803" in text
+    assert "other = mn.create_multi_node_optimizer(chainer.optimizers.Adam(), comm)" in text
+
+
+def test_library_model_with_batchnorm_is_wrapped_at_construction() -> None:
+    text = out(
+        HEAD
+        + """\
+def main():
+    model = L.Classifier(L.ResNet50Layers(None))
+    opt = chainer.optimizers.SGD()
+"""
+    )
+    assert (
+        "model = L.Classifier(L.ResNet50Layers(None))\n    model = mn.links.create_mnbn_model(model, comm)"
+        in text
+    )
+
+
+def test_model_from_an_unconverted_sibling_uses_create_mnbn_model(tmp_path: Path) -> None:
+    (tmp_path / "net.py").write_text(
+        "import chainer.links as L\nclass Net:\n    def __init__(self):\n        self.bn = L.BatchNormalization(3)\n"
+    )
+    train = tmp_path / "train.py"
+    source = "import chainer\nfrom net import Net\n\ndef main():\n    model = Net()\n    opt = chainer.optimizers.SGD()\n"
+    result = convert_sources({str(train): source})[0]
+    assert "    model = mn.links.create_mnbn_model(model, comm)\n" in (result.output or "")
+
+
+def test_fork_hazards_are_reported() -> None:
+    result = conv(
+        HEAD
+        + """\
+import subprocess
+import os
+
+def main():
+    opt = chainer.optimizers.SGD()
+    subprocess.run(['nvidia-smi'])
+    os.system('ls')
+"""
+    )
+    hazards = [m for m in people(result) if "under MPI" in m]
+    assert len(hazards) == 2
+
+
+def test_module_level_script_without_argparse() -> None:
+    text = out(
+        """\
+        import chainer
+        model = chainer.links.Linear(3, 2)
+        optimizer = chainer.optimizers.SGD()
+        optimizer.setup(model)
+        print('ready')
+        """
+    )
+    assert text.startswith(
+        "import chainer\nfrom mnify import runtime as mn\ncomm = mn.create_communicator('naive')\n"
+    )
+    assert "if comm.rank == 0:\n    print('ready')" in text
+
+
+def test_unparsable_source_reports_line_and_column() -> None:
+    result = convert_source("x = (1,\n", "bad.py")
+    assert result.output is None
+    assert result.error is not None and result.error.split(":")[0].isdigit()
+
+
+def test_helper_called_from_another_helper_threads_through_both() -> None:
+    text = out(
+        HEAD
+        + """\
+def make_optimizer(model):
+    opt = chainer.optimizers.Adam()
+    opt.setup(model)
+    return opt
+
+
+def setup(model):
+    return make_optimizer(model)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    args = parser.parse_args()
+    model = L.Linear(3, 2)
+    opt = setup(model)
+"""
+    )
+    assert "def make_optimizer(model, *, comm):" in text
+    assert "def setup(model, *, comm):\n    return make_optimizer(model, comm=comm)" in text
+    assert "opt = setup(model, comm=comm)" in text
