@@ -118,6 +118,9 @@ def test_allgather_and_host_fallbacks(comm: Any) -> None:
     (g,) = comm.allgather(x)
     assert isinstance(g, cp.ndarray)
     np.testing.assert_array_equal(cp.asnumpy(g), np.arange(7, dtype=np.float32))
+    (a,) = comm.alltoall([x.reshape(7, 1)])
+    assert isinstance(a, cp.ndarray) and a.shape == (7, 1) and a.data.ptr != x.data.ptr
+    np.testing.assert_array_equal(cp.asnumpy(a).ravel(), np.arange(7, dtype=np.float32))
     (g0,) = comm.gather(x)  # no NCCL gather: host staging, still a CuPy result
     np.testing.assert_array_equal(cp.asnumpy(g0), np.arange(7, dtype=np.float32))
     assert comm.bcast_obj({"a": 1}) == {"a": 1}

@@ -124,6 +124,14 @@ check("allgather mixed modules via MPI", [np.asarray(p).shape for p in mixed] ==
 g = comm.gather(mine, root=0)
 check("gather via MPI", (g is None) == (r != 0))
 
+# -- alltoall: uneven shapes per destination, one NCCL group of sends and receives
+outgoing = [cupy.asarray(np.full((r + 1, d + 1), 10 * r + d, dtype=np.float32)) for d in range(n)]
+incoming = comm.alltoall(outgoing)
+check("alltoall device", all(isinstance(a, cupy.ndarray) and a.shape == (q + 1, r + 1) and np.all(cupy.asnumpy(a) == 10 * q + r) for q, a in enumerate(incoming)))
+check("alltoall over send/recv", sum(c.startswith("send:1:") for c in calls) == n - 1 and sum(c.startswith("recv:1:") for c in calls) == n - 1, calls)
+mixed = comm.alltoall([cupy.asnumpy(o) for o in outgoing] if r == 0 else outgoing)
+check("alltoall mixed via MPI", [np.asarray(a).tolist() for a in mixed] == [np.asarray(a).tolist() for a in incoming])
+
 # -- fp16 transport: scaled before the sum, within float16 tolerance
 c16 = create_communicator("pure_nccl", allreduce_grad_dtype=np.float16)
 model = model_of(r)

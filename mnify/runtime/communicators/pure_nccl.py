@@ -11,10 +11,10 @@ produced the data and the host does not wait for it.
   do not overflow), all-reduces it with NCCL, and unpacks it with one launch (cast back, scale
   fused when not already applied). Without an explicit ``bucket_bytes`` everything is one
   bucket: NCCL pipelines large buffers itself.
-- ``allreduce``, ``all_reduce``, ``bcast``, ``bcast_data`` and ``allgather`` run on NCCL when
-  given CuPy arrays; numpy arrays, dtypes NCCL cannot reduce, and the collectives NCCL lacks
-  (``gather``, ``scatter``, ``alltoall``, ``send``/``recv`` and the object collectives) use the
-  base class's MPI path with host staging.
+- ``allreduce``, ``all_reduce``, ``bcast``, ``bcast_data``, ``allgather`` and ``alltoall``
+  (grouped NCCL send/recv) run on NCCL when given CuPy arrays; numpy arrays, dtypes NCCL
+  cannot reduce, and the rest (``gather``, ``scatter``, ``send``/``recv``, the object
+  collectives) use the base class's MPI path with host staging.
 - ``MNIFY_WATCHDOG_TIMEOUT``: after queueing an NCCL collective the caller waits for it with a
   deadline; on expiry the NCCL communicator is aborted (so the GPU stops waiting too) and
   :class:`~mnify.runtime.errors.CollectiveTimeout` names the ranks that never arrived.
@@ -454,6 +454,50 @@ class PureNcclCommunicator(CommunicatorBase):
                 recv[r * block : r * block + sizes[r]].reshape(headers[r][2])
                 for r in range(self.size)
             ]
+
+    def alltoall(self, xs: Sequence[Any]) -> list[Any]:
+        """Rank r's ``xs[s]`` arrives at rank s (shapes may differ); over NCCL send/recv in one
+        group when every rank passes CuPy arrays, the MPI path otherwise."""
+        if len(xs) != self.size:
+            raise ValueError(f"alltoall needs {self.size} arrays (one per rank), got {len(xs)}")
+        mine = [_describe(x) for x in xs]
+        first = xs[0] if arr.is_cupy(xs[0]) else np.asarray(xs[0])
+        self._enter(CallSignature.of("alltoall", [first]))
+        local = all(h[0] for h in mine)
+        votes = self._allgather_bytes(bytes([local]))
+        if not all(v == b"\x01" for v in votes):
+            return super().alltoall(xs)
+        hparts = [np.frombuffer(pickle.dumps(h), np.uint8) for h in mine]
+        hraw, hcounts, hdispls = self._alltoall_raw(hparts)
+        incoming = [
+            pickle.loads(hraw[d : d + c].tobytes()) for d, c in zip(hdispls, hcounts, strict=True)
+        ]
+        cupy = self._cupy
+        with self._device:
+            stream = self._stream(None)
+            comm = self._nccl_communicator()
+            started = time.monotonic()
+            sends = [cupy.ascontiguousarray(x) for x in xs]
+            recvs = [cupy.empty(shape, dtype=np.dtype(dt)) for _, dt, shape in incoming]
+            recvs[self.rank][...] = sends[self.rank]
+            byte = self._nccl_dtype(np.uint8)
+            self._nccl.groupStart()
+            try:
+                for peer in range(self.size):
+                    if peer == self.rank:
+                        continue
+                    if sends[peer].nbytes:
+                        comm.send(
+                            sends[peer].data.ptr, int(sends[peer].nbytes), byte, peer, stream.ptr
+                        )
+                    if recvs[peer].nbytes:
+                        comm.recv(
+                            recvs[peer].data.ptr, int(recvs[peer].nbytes), byte, peer, stream.ptr
+                        )
+            finally:
+                self._nccl.groupEnd()
+            self._settle(stream, started)
+        return recvs
 
     # -- the rest -----------------------------------------------------------------------------------
 

@@ -228,6 +228,15 @@ class NcclCommunicator:
         recv = _view(recvbuf, count * self._comm.Get_size(), datatype)
         self._comm.Allgather(_view(sendbuf, count, datatype).copy(), recv)
 
+    def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
+        NcclCommunicator.calls.append(f"send:{datatype}:{count}:{peer}")
+        data = _view(sendbuf, count, datatype).copy()
+        _group_or_wait(self._comm.Isend(data, dest=peer, tag=77), data)
+
+    def recv(self, recvbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
+        NcclCommunicator.calls.append(f"recv:{datatype}:{count}:{peer}")
+        _group_or_wait(self._comm.Irecv(_view(recvbuf, count, datatype), source=peer, tag=77))
+
     def destroy(self) -> None:
         NcclCommunicator.calls.append("destroy")
         if self._comm is not None:
@@ -236,6 +245,27 @@ class NcclCommunicator:
 
     def abort(self) -> None:
         self.destroy()
+
+
+_group: list[list[Any]] = []  # open ncclGroupStart: requests (and send copies) to finish
+
+
+def _group_or_wait(request: Any, *keep: Any) -> None:
+    if _group:
+        _group[-1].append((request, keep))
+    else:
+        request.Wait()
+
+
+def _group_start() -> None:
+    _group.append([])
+
+
+def _group_end() -> None:
+    from mpi4py import MPI
+
+    pending = _group.pop()
+    MPI.Request.Waitall([request for request, _ in pending])
 
 
 def _module(name: str, **attrs: Any) -> types.ModuleType:
@@ -251,8 +281,8 @@ nccl = _module(
     get_version=lambda: 22304,
     get_unique_id=lambda: tuple(int(b) - 128 for b in os.urandom(128)),
     NcclCommunicator=NcclCommunicator,
-    groupStart=lambda: None,
-    groupEnd=lambda: None,
+    groupStart=_group_start,
+    groupEnd=_group_end,
     **{
         name: i
         for i, name in enumerate(
