@@ -1,0 +1,30 @@
+"""Multi-node and synchronized iterators on 2 and 3 real ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.mpirun import run_ranks
+
+HERE = Path(__file__).resolve().parent
+
+CHECKS = [
+    "multi_node_same_batches",
+    "multi_node_stop_and_reset",
+    "multi_node_serialize",
+    "synchronized_order",
+    "synchronized_plain_and_serialize",
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_iterators_agree_across_ranks(n: int) -> None:
+    run = run_ranks(n, HERE / "ranks_iterators.py", timeout=180)
+    for r in range(n):
+        lines = run.rank_lines(r)
+        missing = [c for c in CHECKS if f"CHECK {c} ok" not in lines]
+        assert not missing, f"rank {r} did not pass {missing}\n{run.describe()}"
+        assert "DONE" in lines, run.describe()
