@@ -4,7 +4,7 @@
 # Runs on a machine with a CUDA GPU, CuPy 13/14, numpy 1/2, mpi4py and NCCL -- no Chainer and
 # no network needed -- from the repository root, in well under 8 minutes:
 #   1. what is there (nvidia-smi, versions, nccl_status),
-#   2. the kernel and communicator tests (tests/kernels, tests/gpu; the gpu-marked ones run),
+#   2. the gpu-marked kernel and pure_nccl tests, plus the CPU-side kernel checks,
 #   3. bench/gpu.py (pack+unpack vs device copy, BN statistics vs CuPy, channel gather).
 # Results go to $OUT (or ./gpu-check-out): gpu-tests.log, gpu-junit.xml, bench_gpu.json,
 # bench.log, env.txt, summary.txt. Exit status: non-zero when tests or the bench failed.
@@ -48,10 +48,14 @@ tests_rc=0
 if ! "$py" -c "import pytest" 2>/dev/null && [ -d "$root/.gpu-pydeps" ]; then
     export PYTHONPATH="$PYTHONPATH:$root/.gpu-pydeps"
 fi
-echo "== tests (tests/kernels, tests/gpu)"
+# the GPU tests, plus the CPU-side kernel checks (twins, launch geometry, nvcc/NVRTC where present);
+# not the stand-in tests, which need mpiexec and prove nothing more on a GPU machine
+tests=(tests/gpu tests/kernels/test_kernels_device.py tests/kernels/test_kernels_host.py
+    tests/kernels/test_kernel_plans.py tests/kernels/test_kernels_nvcc.py)
+echo "== tests (${tests[*]})"
 if "$py" -c "import pytest" 2>/dev/null; then
     timeout 300 "$py" -m pytest -p no:cacheprovider -q -rs \
-        --junitxml="$out/gpu-junit.xml" tests/kernels tests/gpu 2>&1 | tee "$out/gpu-tests.log"
+        --junitxml="$out/gpu-junit.xml" "${tests[@]}" 2>&1 | tee "$out/gpu-tests.log"
     tests_rc=${PIPESTATUS[0]}
     note "tests: exit $tests_rc; $(tail -n 1 "$out/gpu-tests.log")"
     if grep -q "no CUDA device/CuPy" "$out/gpu-tests.log"; then
@@ -64,7 +68,8 @@ else
 fi
 
 echo "== bench/gpu.py"
-timeout 240 "$py" bench/gpu.py --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench.log"
+# shellcheck disable=SC2086 # MNIFY_BENCH_ARGS is a list of flags (e.g. --repeat 50)
+timeout 240 "$py" bench/gpu.py --json "$out/bench_gpu.json" ${MNIFY_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
 bench_rc=${PIPESTATUS[0]}
 note "bench: exit $bench_rc"
 grep -E "goal|geometric|ratio" "$out/bench.log" >>"$summary" || true
