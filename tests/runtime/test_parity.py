@@ -28,3 +28,8 @@ CHECKS = [
 @pytest.mark.parametrize(("n_ranks", "comm"), [(2, "naive"), (3, "naive"), (3, "flat")])
 def test_data_parallel_parity(n_ranks: int, comm: str) -> None:
     run_script(n_ranks, "parity_checks.py", CHECKS, comm=comm)
+
+
+def test_parity_on_hierarchical_over_two_fake_hosts() -> None:
+    """3 ranks as hosts of 2 and 1 ranks: intra-host reduce, inter-host allreduce, broadcast."""
+    run_script(3, "parity_checks.py", CHECKS, comm="hierarchical", ranks_per_host=2)

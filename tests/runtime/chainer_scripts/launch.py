@@ -10,11 +10,20 @@ SCRIPTS = Path(__file__).resolve().parent
 
 
 def run_script(
-    n: int, script: str, expected: list[str], *, comm: str = "naive", timeout: float = 240
+    n: int,
+    script: str,
+    expected: list[str],
+    *,
+    comm: str = "naive",
+    ranks_per_host: int | None = None,
+    timeout: float = 240,
 ) -> RankRun:
     """Run ``script`` on ``n`` ranks with communicator ``comm``; every rank must print
-    ``PASS <name>`` for each expected name."""
-    run = run_ranks(n, SCRIPTS / script, timeout=timeout, env={"MNIFY_TEST_COMM": comm})
+    ``PASS <name>`` for each expected name. ``ranks_per_host`` fakes several hosts."""
+    env = {"MNIFY_TEST_COMM": comm}
+    if ranks_per_host:
+        env["MNIFY_TEST_RANKS_PER_HOST"] = str(ranks_per_host)
+    run = run_ranks(n, SCRIPTS / script, timeout=timeout, env=env)
     for rank in range(n):
         passed = [line[len("PASS ") :] for line in run.rank_lines(rank) if line.startswith("PASS ")]
         missing = [name for name in expected if name not in passed]

@@ -16,6 +16,7 @@ matches the plain mean over the global batch.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,10 @@ from mnify.runtime.links.create_mnbn_model import create_mnbn_model
 chainer.global_config.dtype = np.dtype(np.float64)  # exact arithmetic: parity errors ~1e-12
 comm = make_comm()
 rank, size = comm.rank, comm.size
+if os.environ.get("MNIFY_TEST_RANKS_PER_HOST"):  # the fake hosts really took effect
+    per_host = int(os.environ["MNIFY_TEST_RANKS_PER_HOST"])
+    assert comm.inter_size == -(-size // per_host), (comm.inter_size, comm.intra_size)
+    assert comm.name == os.environ["MNIFY_TEST_COMM"], comm.name
 
 BnFactory = Callable[[int], chainer.Link]
 

@@ -14,7 +14,16 @@ import numpy as np
 
 
 def make_comm() -> Any:
-    """The communicator named by ``MNIFY_TEST_COMM`` (default ``naive``)."""
+    """The communicator named by ``MNIFY_TEST_COMM`` (default ``naive``).
+
+    ``MNIFY_TEST_RANKS_PER_HOST=k`` pretends ranks ``0..k-1`` share one host, ``k..2k-1`` the
+    next, and so on (through ``MNIFY_HOSTNAME``), so the hierarchical communicator's intra- and
+    inter-host paths both run on one machine.
+    """
+    per_host = os.environ.get("MNIFY_TEST_RANKS_PER_HOST")
+    if per_host:
+        world_rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        os.environ["MNIFY_HOSTNAME"] = f"fakehost{world_rank // int(per_host)}"
     from mnify import runtime as mn
 
     return mn.create_communicator(os.environ.get("MNIFY_TEST_COMM", "naive"))
