@@ -1,0 +1,47 @@
+"""Rank behaviours for the ``mnify run`` tests: ``python scenarios.py SCENARIO [ARGS]``.
+
+ok          every rank prints a line to stdout and one to stderr, and ends cleanly
+raise_all   every rank raises the same error after a barrier
+raise_one   rank 1 raises, the others wait in a collective
+plain_one   like raise_one without the mnify runtime (plain mpi4py, no failure hook)
+sleep_one   rank 1 sleeps, the others time out in an allreduce (needs MNIFY_WATCHDOG_TIMEOUT)
+"""
+
+import sys
+import time
+
+scenario = sys.argv[1]
+if scenario == "plain_one":
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    world.Barrier()
+    if world.Get_rank() == 1:
+        raise LookupError("rank-specific shard is missing")
+    world.Barrier()
+    sys.exit(0)
+
+import numpy as np  # noqa: E402
+
+from mnify import runtime as mn  # noqa: E402
+
+comm = mn.create_communicator("naive")
+if scenario == "ok":
+    print(f"rank {comm.rank} of {comm.size} args={sys.argv[2:]}")
+    print(f"note from rank {comm.rank}", file=sys.stderr)
+    comm.barrier()
+elif scenario == "raise_all":
+    comm.barrier()
+    raise ValueError("learning rate must be positive")
+elif scenario == "raise_one":
+    comm.barrier()
+    if comm.rank == 1:
+        raise KeyError(f"no shard for rank {comm.rank}")
+    comm.allreduce(np.ones(2))
+elif scenario == "sleep_one":
+    comm.barrier()
+    if comm.rank == 1:
+        time.sleep(60)
+    comm.allreduce(np.ones(2))
+else:
+    raise SystemExit(f"unknown scenario {scenario}")

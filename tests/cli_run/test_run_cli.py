@@ -1,0 +1,177 @@
+"""``mnify run`` on real ranks: the console script through a subprocess, and click's CliRunner.
+
+Jobs that must fail are bounded by a subprocess timeout well below the sleeping rank's 60 s, so
+"the job ends instead of hanging" is checked without timing anything.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from mnify.cli import main
+from mnify.launch.hosts import physical_cores
+
+SCRIPT = Path(__file__).parent / "scripts" / "scenarios.py"
+MNIFY = Path(sys.executable).parent / "mnify"
+TRACEBACK = "Traceback (most recent call last)"
+pytestmark = pytest.mark.mpi
+
+
+def _env(grace: float = 0.5) -> dict[str, str]:
+    """Quiet BLAS threads; the abort grace lets ranks failing alike all print first."""
+    env = dict(os.environ)
+    env.update(
+        {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MNIFY_ABORT_GRACE": f"{grace:g}"}
+    )
+    env.pop("MNIFY_WATCHDOG_TIMEOUT", None)
+    return env
+
+
+def mnify_run(
+    *args: str, timeout: float = 90, grace: float = 0.5
+) -> subprocess.CompletedProcess[str]:
+    """The real console script, as a user runs it."""
+    return subprocess.run(
+        [str(MNIFY), "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(grace),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, ["run", *args], env=_env(), catch_exceptions=False)
+
+
+def test_success_on_two_ranks_passes_output_untagged_and_exits_zero() -> None:
+    proc = mnify_run("-n", "2", str(SCRIPT), "ok", "--lr", "0.1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for r in range(2):
+        assert f"rank {r} of 2 args=['--lr', '0.1']" in lines
+        assert f"note from rank {r}" in proc.stderr.splitlines()
+    assert "<stdout>" not in proc.stdout and "<stderr>" not in proc.stderr
+    assert "failed" not in proc.stderr
+
+
+def test_success_on_three_ranks_with_rank_tags() -> None:
+    result = invoke("-n", "3", "--tag-output", str(SCRIPT), "ok")
+    assert result.exit_code == 0, result.output
+    for r in range(3):
+        assert f"[{r}] rank {r} of 3 args=[]" in result.stdout.splitlines()
+        assert f"[{r}] note from rank {r}" in result.stderr.splitlines()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_same_error_on_every_rank_collapses_into_one_traceback(n: int) -> None:
+    proc = mnify_run("-n", str(n), str(SCRIPT), "raise_all", grace=3)
+    err = proc.stderr
+    assert proc.returncode != 0, err
+    assert err.count(TRACEBACK) == 1, err
+    assert err.count("ValueError: learning rate must be positive") == 1, err
+    assert f"error on ranks 0-{n - 1} (all {n})" in err, err
+    assert "same error on every rank" in err
+    assert f"hint: the same error on all {n} ranks" in err
+    assert "scenarios.py" in err and "bootstrap.py" not in err  # launcher frames dropped
+
+
+def test_error_on_rank_one_only_names_rank_one() -> None:
+    result = invoke("-n", "3", str(SCRIPT), "raise_one")
+    err = result.stderr
+    assert result.exit_code != 0, result.output
+    assert err.count(TRACEBACK) == 1, err
+    assert "error on rank 1 (of 3)" in err, err
+    assert "KeyError: 'no shard for rank 1'" in err
+    assert "only rank 1 of 3 reported an error" in err
+
+
+def test_plain_mpi4py_script_failing_on_one_rank_ends_instead_of_hanging() -> None:
+    proc = mnify_run("-n", "2", str(SCRIPT), "plain_one", timeout=60)
+    assert proc.returncode != 0, proc.stderr
+    assert "error on rank 1 (of 2)" in proc.stderr, proc.stderr
+    assert "LookupError: rank-specific shard is missing" in proc.stderr
+
+
+def test_watchdog_timeout_is_reported_as_a_communication_failure() -> None:
+    proc = mnify_run("-n", "2", "--watchdog", "2", str(SCRIPT), "sleep_one", timeout=50)
+    err = proc.stderr
+    assert proc.returncode != 0, err
+    assert "communication failure" in err, err
+    assert "collective timeout on rank 0 (of 2)" in err, err
+    assert "timed out waiting for rank(s) 1" in err
+    assert "Retry on one rank" in err
+
+
+def _fake_mpiexec(tmp_path: Path) -> tuple[Path, Path]:
+    marker = tmp_path / "launched"
+    fake = tmp_path / "mpiexec"
+    fake.write_text(
+        f"#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'mpiexec (Open MPI) 5.0.0'; exit 0; fi\n"
+        f"touch {marker}\n",
+        encoding="utf-8",
+    )
+    fake.chmod(0o755)
+    return fake, marker
+
+
+def test_missing_script_is_a_clear_error_and_launches_nothing(tmp_path: Path) -> None:
+    fake, marker = _fake_mpiexec(tmp_path)
+    result = invoke("-n", "2", "--mpiexec", str(fake), str(tmp_path / "nope.py"), "x")
+    assert result.exit_code == 2
+    assert f"error: script not found: {tmp_path / 'nope.py'}" in result.stderr
+    assert not marker.exists()
+
+
+def test_dry_run_one_host_oversubscribes_beyond_the_cores(tmp_path: Path) -> None:
+    fake, marker = _fake_mpiexec(tmp_path)
+    n = physical_cores() + 1
+    result = invoke(
+        "-n", str(n), "--dry-run", "--watchdog", "30", "--mpiexec", str(fake),
+        "--mpi-arg", "--mca btl tcp,self", str(SCRIPT), "ok", "--out", "a b",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert not marker.exists()
+    command = result.stdout.strip().splitlines()[-1]
+    assert command.startswith(f"{fake} --tag-output --oversubscribe ")
+    assert f"--mca btl tcp,self -n {n} {sys.executable} -u -m mnify.launch.bootstrap" in command
+    assert command.endswith(f"{SCRIPT} ok --out 'a b'")
+    assert "export MNIFY_WATCHDOG_TIMEOUT=30" in result.stdout
+    assert "-x MNIFY_WATCHDOG_TIMEOUT" in command
+    if os.geteuid() == 0:
+        assert "export OMPI_ALLOW_RUN_AS_ROOT=1" in result.stdout
+
+
+def test_dry_run_with_a_hostfile_never_oversubscribes(tmp_path: Path) -> None:
+    fake, _ = _fake_mpiexec(tmp_path)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=4\nnode2 slots=4\n", encoding="utf-8")
+    result = invoke(
+        "-n", "8", "--dry-run", "--hostfile", str(hostfile), "--mpiexec", str(fake), str(SCRIPT), "ok"
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    command = result.stdout.strip().splitlines()[-1]
+    assert f"--hostfile {hostfile}" in command
+    assert "--oversubscribe" not in command
+    too_many = invoke("-n", "9", "--dry-run", "--hostfile", str(hostfile), "--mpiexec", str(fake),
+                      str(SCRIPT), "ok")  # fmt: skip
+    assert "9 ranks but the hosts offer 8 slots" in too_many.stderr
+
+
+def test_dry_run_with_host_list_and_usage_errors(tmp_path: Path) -> None:
+    fake, _ = _fake_mpiexec(tmp_path)
+    ok = invoke("-n", "4", "--dry-run", "--host", "a:2,b:2", "--mpiexec", str(fake), str(SCRIPT))
+    assert "--host a:2,b:2" in ok.stdout and "--oversubscribe" not in ok.stdout
+    both = invoke(
+        "-n", "2", "--host", "a:1", "--hostfile", "h", "--mpiexec", str(fake), str(SCRIPT)
+    )
+    assert both.exit_code == 2 and "not both" in both.stderr
+    unreadable = invoke("-n", "2", "--hostfile", str(tmp_path / "missing"), str(SCRIPT))
+    assert unreadable.exit_code == 2 and "cannot read hostfile" in unreadable.stderr
