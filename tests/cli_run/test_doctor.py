@@ -1,0 +1,118 @@
+"""``mnify doctor`` on this machine (text and --json) and its hazard rules on made-up reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import mnify.doctor
+from mnify.cli import main
+from mnify.doctor import hazards
+from mnify.launch.hosts import physical_cores
+from mnify.launch.mpiexec import MpiExecNotFound
+
+
+def _has_cupy_gpu() -> bool:
+    try:
+        import cupy  # type: ignore[import-not-found]
+
+        return int(cupy.cuda.runtime.getDeviceCount()) > 0
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, Any]:
+    result = CliRunner().invoke(main, ["doctor", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def test_json_reports_this_machines_mpi(report: dict[str, Any]) -> None:
+    assert report["ok"] is True and report["missing"] == []
+    assert report["mpi4py"]["ok"] and report["mpi4py"]["library"]
+    assert report["mpiexec"]["flavor"] in ("openmpi", "mpich")
+    assert Path(report["mpiexec"]["path"]).exists()
+    assert report["hosts"]["total_slots"] == physical_cores()
+    assert report["python"]["version"].count(".") == 2
+    assert report["numpy"]["version"]
+
+
+def test_json_says_why_there_is_no_gpu(report: dict[str, Any]) -> None:
+    gpu = report["gpu"]
+    if _has_cupy_gpu():
+        assert gpu["cuda_devices"] > 0 and gpu["cupy_imports"]
+    else:
+        assert gpu["nccl_ok"] is False
+        assert gpu["reason"]  # CuPy missing, no driver or no device: said, not silent
+        assert gpu["cuda_devices"] == 0
+
+
+def test_text_report_names_every_section() -> None:
+    result = CliRunner().invoke(main, ["doctor"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    for label in ("python", "mpi4py", "mpiexec", "hosts", "chainer", "numpy", "gpu"):
+        assert f"  {label} " in result.stdout, result.stdout
+    if not _has_cupy_gpu():
+        assert "no GPU run possible" in result.stdout
+
+
+def test_hostfile_hosts_and_slots_are_reported(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=4\nnode2 slots=2\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["doctor", "--json", "--hostfile", str(hostfile)])
+    hosts = json.loads(result.stdout)["hosts"]
+    assert hosts["total_slots"] == 6
+    assert [h["name"] for h in hosts["hosts"]] == ["node1", "node2"]
+
+
+def test_missing_mpiexec_fails_the_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
+    def nothing() -> None:
+        raise MpiExecNotFound("no mpiexec found anywhere")
+
+    monkeypatch.setattr(mnify.doctor, "find_mpiexec", nothing)
+    result = CliRunner().invoke(main, ["doctor"])
+    assert result.exit_code == 1
+    assert "no mpiexec found anywhere" in result.stdout
+    assert "missing (required): mpiexec" in result.stdout
+
+
+def fake(library: str, numpy: str = "1.26.4", chainer: str | None = "7.8.1",
+         mpiexec: str = "openmpi") -> dict[str, Any]:  # fmt: skip
+    return {
+        "mpi4py": {"library": library},
+        "numpy": {"version": numpy},
+        "chainer": {"version": chainer},
+        "mpiexec": {"flavor": mpiexec, "description": f"{mpiexec} (/x/mpiexec)"},
+    }
+
+
+def ids(report: dict[str, Any]) -> set[str]:
+    return {h["id"] for h in hazards(report)}
+
+
+def test_old_open_mpi_has_the_fork_hazard() -> None:
+    found = hazards(fake("Open MPI v2.1.1, package: Open MPI"))
+    [fork] = [h for h in found if h["id"] == "openmpi-fork"]
+    assert "older than 4.0" in fork["message"] and "InfiniBand" in fork["message"]
+    assert "openmpi-fork" not in ids(fake("Open MPI v4.1.5, package: Open MPI"))
+
+
+def test_numpy_2_with_chainer_7_is_a_hazard() -> None:
+    assert "numpy2-chainer7" in ids(fake("Open MPI v5.0.1", numpy="2.1.0"))
+    assert "numpy2-chainer7" not in ids(fake("Open MPI v5.0.1", numpy="1.26.4"))
+    assert "numpy2-chainer7" not in ids(fake("Open MPI v5.0.1", numpy="2.1.0", chainer=None))
+
+
+def test_mpi4py_built_for_another_mpi_than_mpiexec_is_a_hazard() -> None:
+    assert "mpiexec-mismatch" in ids(fake("MPICH Version: 4.1.2", mpiexec="openmpi"))
+    assert "mpiexec-mismatch" not in ids(fake("Open MPI v5.0.11", mpiexec="openmpi"))
+
+
+def test_multiprocess_iterator_hazard_only_with_open_mpi() -> None:
+    assert "openmpi-multiprocess-iterator" not in ids(fake("MPICH Version: 4.1", mpiexec="mpich"))
