@@ -211,8 +211,22 @@ class LintContext:
         return False
 
     def is_rank_condition(self, test: cst.BaseExpression) -> bool:
-        """A test that mentions any rank (global, node-local or node index)."""
+        """A test that mentions any rank (global, node-local or node index), except the
+        always-true/always-false ``rank >= 0`` / ``rank < 0`` (a device id of -1 means CPU)."""
+        if self._same_on_every_rank(test):
+            return False
         return self.find_rank(test, ("global", "intra", "inter")) is not None
+
+    def _same_on_every_rank(self, test: cst.BaseExpression) -> bool:
+        if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+            return False
+        target = test.comparisons[0]
+        zero = isinstance(target.comparator, cst.Integer) and target.comparator.value == "0"
+        return (
+            zero
+            and isinstance(target.operator, (cst.GreaterThanEqual, cst.LessThan))
+            and self.rank_kind(test.left) is not None
+        )
 
     def is_multi_node_evaluator(self, expr: cst.BaseExpression) -> bool:
         if isinstance(expr, cst.Call):

@@ -10,7 +10,7 @@ from mnify.lint.context import LintContext, argument
 from mnify.lint.rule import Rule
 
 _DEVICE_KEYWORDS = ("device", "gpu", "device_id", "gpu_id")
-_DEVICE_TARGET_SUFFIXES = ("gpu", "device", "device_id", "gpu_id")
+_DEVICE_TARGET_SUFFIXES = ("gpu", "gpus", "device", "devices", "device_id", "gpu_id")
 
 
 def is_device_selection(ctx: LintContext, call: cst.Call) -> bool:
@@ -134,7 +134,7 @@ class GpuIdFromGlobalRank(Rule):
     ``OMPI_COMM_WORLD_RANK``-style environment variables, or a variable assigned from one) used
     as a GPU id: inside the device argument of a device getter or ``setDevice``, of
     ``to_gpu``/``to_device``/``cuda.to_gpu``, in any ``device=``/``gpu=``/``device_id=``/
-    ``gpu_id=`` keyword, or assigned to a name ending in ``gpu``/``device``/``device_id``/
+    ``gpu_id=`` keyword, or assigned to a name ending in ``gpu(s)``/``device(s)``/``device_id``/
     ``gpu_id``. ``comm.intra_rank`` (and ``*LOCAL_RANK`` variables) are correct and never fire."""
 
     code = "MN103"
