@@ -22,6 +22,7 @@ template <> struct mn_work<double, double> { typedef double type; };
 template <typename T> struct mn_acc { typedef float type; };
 template <> struct mn_acc<double> { typedef double type; };
 
+#ifndef MNIFY_HOST_EMULATION
 __device__ __forceinline__ float mn_half_to_float(mn_half h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
@@ -39,6 +40,29 @@ __device__ __forceinline__ mn_half mn_double_to_half(double d) {
   asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h.bits) : "d"(d));
   return h;
 }
+#else
+// tests/kernels runs pack.cu and channels.cu on the CPU (g++, one thread at a time); there the
+// conversions use the compiler's IEEE binary16, which rounds like cvt.rn.
+__device__ __forceinline__ float mn_half_to_float(mn_half h) {
+  _Float16 v;
+  __builtin_memcpy(&v, &h.bits, 2);
+  return (float)v;
+}
+
+__device__ __forceinline__ mn_half mn_float_to_half(float f) {
+  const _Float16 v = (_Float16)f;
+  mn_half h;
+  __builtin_memcpy(&h.bits, &v, 2);
+  return h;
+}
+
+__device__ __forceinline__ mn_half mn_double_to_half(double d) {
+  const _Float16 v = (_Float16)d;
+  mn_half h;
+  __builtin_memcpy(&h.bits, &v, 2);
+  return h;
+}
+#endif
 
 // to work type W from a stored value
 template <typename W> __device__ __forceinline__ W mn_load(float v) { return (W)v; }
