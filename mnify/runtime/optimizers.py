@@ -131,9 +131,11 @@ class MultiNodeOptimizer(_WrapperBase):
             if self._broadcast_if_changed():
                 return
         else:
-            if any(shape is None for _, shape in param_signature(self._target)):
+            signature = param_signature(self._target)
+            if signature != self.synced_signature and any(s is None for _, s in signature):
                 # Let a forward create the lazy parameters, so that they are broadcast before
                 # the step. ``in_recomputing`` keeps batch norm's running statistics out of it.
+                # (Only when parameters changed: a lazy link that stays unused costs nothing.)
                 with chainer.using_config("in_recomputing", True), chainer.no_backprop_mode():
                     lossfun(*args, **kwds)
             self._broadcast_if_changed()

@@ -20,6 +20,7 @@ CHECKS = [
     "float32 models within 1e-5",
     "a head unused on some ranks: zero_fill averages zeros for it",
     "lazily initialised Linear(None, n): broadcast after init, no batch lost",
+    "one extra forward, in recomputing mode, only when lazy parameters appear",
     "update() without a loss function broadcasts first, then averages",
     "attributes pass through to the wrapped optimizer",
 ]

@@ -247,6 +247,32 @@ check_parity(
 report(comm, "lazily initialised Linear(None, n): broadcast after init, no batch lost")
 
 
+def check_forward_count() -> None:
+    """The lazy-parameter forward runs once; a lazy link that is never used costs nothing later."""
+    np.random.seed(300 + rank)
+    model = MLP(multi_node_bn, lazy=True)
+    with model.init_scope():
+        model.unused = L.Linear(None, 2)  # never called: its parameters stay uninitialised
+    opt = mn.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.1), comm)
+    opt.setup(model)
+    x = np.random.RandomState(rank).randn(4, 5)
+    calls = []
+
+    def loss_fn() -> Any:
+        calls.append(chainer.config.in_recomputing)
+        return F.sum(model(x))
+
+    for _ in range(3):
+        opt.update(loss_fn)
+    assert calls == [True, False, False, False], calls
+    assert model.unused.W.array is None and opt.t == 3
+    assert model.bn.avg_mean is not None
+
+
+check_forward_count()
+report(comm, "one extra forward, in recomputing mode, only when lazy parameters appear")
+
+
 def check_update_without_lossfun() -> None:
     """Gradients computed by the caller: the first update only broadcasts (ChainerMN's rule)."""
     np.random.seed(200 + rank)
