@@ -82,7 +82,7 @@ def _exit_status(returncode: int) -> int:
     "mpiexec_path",
     type=str,
     default=None,
-    help=f"The mpiexec to use (default: beside Python, ${ENV_MPIEXEC}, then PATH).",
+    help=f"The mpiexec to use (default: ${ENV_MPIEXEC}, the one beside Python, then PATH).",
 )
 @click.option(
     "--hold-seconds",
@@ -109,7 +109,10 @@ def run(
 ) -> None:
     """Run SCRIPT on N ranks with mpiexec; collapse the ranks' tracebacks when it fails."""
     if not os.path.isfile(script):
-        _fail(f"script not found: {script}")
+        hint = ""
+        if os.path.basename(script).startswith("python") and script_args:
+            hint = f" (mnify run takes the script itself: mnify run -n {nprocs} {script_args[0]})"
+        _fail(f"script not found: {script}{hint}")
     if hostfile is not None and hosts is not None:
         _fail("give either --hostfile or --host, not both")
     try:

@@ -37,6 +37,12 @@ def _failure_header() -> str:
     return f"[mnify] rank {MPI.COMM_WORLD.Get_rank()} (host {host}) failed:"
 
 
+def _world_size() -> int:
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.Get_size()) if MPI.Is_initialized() else 1
+
+
 def _abort(code: int) -> None:
     from mpi4py import MPI
 
@@ -82,7 +88,8 @@ def main(argv: list[str]) -> None:
         sys.stdout.flush()
         sys.stderr.write(f"{_failure_header()}\n{_user_traceback(exc)}")
         sys.stderr.flush()
-        time.sleep(abort_grace())
+        if _world_size() > 1:
+            time.sleep(abort_grace())
         _abort(1)
 
 

@@ -101,10 +101,16 @@ class _RankState:
     held_blank: bool = False
     last_line_at: float = 0.0
     host: str | None = None
+    fatal: bool = False  # opened by the ``[mnify] ... failed:`` header: the rank is dying
 
 
 class TracebackCollector:
     """Cuts tracebacks out of per-rank stderr as lines arrive.
+
+    After the ``[mnify] rank R (host H) failed:`` header every line up to an Open MPI banner
+    belongs to the report (the rank is about to abort). A bare ``Traceback`` (a handled error, or
+    a script run without the runtime) ends at its exception line plus continuation lines up to a
+    blank line, unless a chained traceback follows.
 
     :meth:`feed` returns the lines to show now; traceback lines are held back so the end of the
     job can show each distinct traceback once. A block that stops growing while the job goes on
@@ -124,6 +130,15 @@ class TracebackCollector:
             st.host = header.group("host")
             st.block = self._open(rank, st.host)
             st.state = _State.FRAMES
+            st.fatal = True
+            return []
+        if st.fatal and st.block is not None:
+            # Everything a dying rank prints after its header is its report, blank lines and
+            # multi-line messages (Chainer's InvalidType: Expect/Actual) included.
+            if _BLOCK_BREAK.match(text):
+                self._close(st)
+                return [text]
+            st.block.lines.append(text)
             return []
         if text.startswith(TRACEBACK_START) and st.state in (_State.OUTSIDE, _State.MESSAGE):
             if st.state is _State.MESSAGE or st.block is None:
@@ -201,6 +216,7 @@ class TracebackCollector:
                 self.tracebacks.remove(st.block)
         st.block = None
         st.state = _State.OUTSIDE
+        st.fatal = False
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,37 @@ class _Printer:
         target.flush()
 
 
+def _pump(
+    lines: queue.Queue[object],
+    flavor: Flavor,
+    printer: _Printer,
+    collector: TracebackCollector,
+    launcher: list[str],
+    stderr_by_rank: dict[int, list[str]],
+) -> int:
+    """Handle the next line (or time out quietly); returns 1 when a stream ended, else 0."""
+    try:
+        item = lines.get(timeout=0.25)
+    except queue.Empty:
+        return 0
+    if item is _EOF:
+        return 1
+    assert isinstance(item, tuple)
+    stream: str = item[0]
+    line: RankLine = parse_line(item[1], flavor, stream)
+    if line.rank is None:
+        launcher.append(line.text)
+        printer.write(None, line.text, stream)
+    elif stream == "stderr":
+        stderr_by_rank.setdefault(line.rank, []).append(line.text)
+        for shown in collector.feed(line.rank, line.text, time.monotonic()):
+            launcher.append(shown)
+            printer.write(line.rank, shown, "stderr")
+    else:
+        printer.write(line.rank, line.text, "stdout")
+    return 0
+
+
 def run_job(
     command: LaunchCommand,
     flavor: Flavor,
@@ -92,37 +123,16 @@ def run_job(
     open_streams = len(readers)
     while open_streams:
         try:
-            item = lines.get(timeout=0.25)
-        except queue.Empty:
-            item = None
+            open_streams -= _pump(lines, flavor, printer, collector, launcher, stderr_by_rank)
+            for block in collector.stale(time.monotonic(), hold_seconds):
+                for text in block.lines:
+                    printer.write(block.rank, text, "stderr")
         except KeyboardInterrupt:
             # The terminal sent SIGINT to mpiexec too; it stops the ranks. Keep reading until
             # it has, so their last words (and the summary) still appear. A second Ctrl-C kills.
             if interrupted:
                 proc.kill()
             interrupted = True
-            continue
-        now = time.monotonic()
-        if item is _EOF:
-            open_streams -= 1
-        elif item is not None:
-            assert isinstance(item, tuple)
-            stream: str = item[0]
-            raw: str = item[1]
-            line: RankLine = parse_line(raw, flavor, stream)
-            if line.rank is None:
-                launcher.append(line.text)
-                printer.write(None, line.text, stream)
-            elif stream == "stderr":
-                stderr_by_rank.setdefault(line.rank, []).append(line.text)
-                for shown in collector.feed(line.rank, line.text, now):
-                    launcher.append(shown)
-                    printer.write(line.rank, shown, "stderr")
-            else:
-                printer.write(line.rank, line.text, "stdout")
-        for block in collector.stale(now, hold_seconds):
-            for text in block.lines:
-                printer.write(block.rank, text, "stderr")
     try:
         returncode = proc.wait()
     except KeyboardInterrupt:

@@ -48,6 +48,30 @@ def test_runtime_header_gives_rank_and_host() -> None:
     assert (tb.rank, tb.host, tb.lines) == (2, "node7", PLAIN)
 
 
+def test_after_the_header_everything_up_to_a_banner_is_the_report() -> None:
+    invalid_type = [
+        *PLAIN[:-1],
+        "chainer.utils.type_check.InvalidType: ",
+        "Invalid operation is performed in: LinearFunction (Forward)",
+        "",
+        "Expect: x.shape[1] == W.shape[1]",
+        "Actual: 784 != 100",
+    ]
+    c = TracebackCollector()
+    lines = ["[mnify] rank 0 (host a) failed:", *invalid_type, "", "-" * 74, "after"]
+    assert feed_all(c, 0, lines) == ["-" * 74, "after"]
+    [tb] = c.finish()
+    assert tb.lines == invalid_type
+    assert tb.exception_line == "Actual: 784 != 100"
+
+
+def test_bare_traceback_ends_at_a_blank_line_after_its_message() -> None:
+    c = TracebackCollector()
+    shown = feed_all(c, 0, [*PLAIN, "", "retrying with a smaller batch"])
+    assert shown == ["", "retrying with a smaller batch"]
+    assert c.finish()[0].lines == PLAIN
+
+
 def test_chained_exceptions_and_multiline_messages_stay_one_block() -> None:
     chained = [
         *PLAIN[:-1],

@@ -110,6 +110,17 @@ def test_watchdog_timeout_is_reported_as_a_communication_failure() -> None:
     assert "Retry on one rank" in err
 
 
+@pytest.mark.parametrize("hold", ["0.2", "30"])
+def test_handled_traceback_of_a_successful_job_is_shown_once(hold: str) -> None:
+    # hold 0.2: released while the job still runs; hold 30: released when the job has ended
+    result = invoke("-n", "2", "--hold-seconds", hold, str(SCRIPT), "handled")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count(TRACEBACK) == 1, result.stderr
+    assert "KeyError: 'missing'" in result.stderr
+    assert {"done 0", "done 1"} <= set(result.stdout.splitlines())
+    assert "the job failed" not in result.stderr
+
+
 def _fake_mpiexec(tmp_path: Path) -> tuple[Path, Path]:
     marker = tmp_path / "launched"
     fake = tmp_path / "mpiexec"
@@ -127,6 +138,10 @@ def test_missing_script_is_a_clear_error_and_launches_nothing(tmp_path: Path) ->
     result = invoke("-n", "2", "--mpiexec", str(fake), str(tmp_path / "nope.py"), "x")
     assert result.exit_code == 2
     assert f"error: script not found: {tmp_path / 'nope.py'}" in result.stderr
+    assert not marker.exists()
+    habit = invoke("-n", "2", "--mpiexec", str(fake), "python", str(SCRIPT))
+    assert habit.exit_code == 2
+    assert f"mnify run takes the script itself: mnify run -n 2 {SCRIPT}" in habit.stderr
     assert not marker.exists()
 
 

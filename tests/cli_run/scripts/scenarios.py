@@ -5,6 +5,7 @@ raise_all   every rank raises the same error after a barrier
 raise_one   rank 1 raises, the others wait in a collective
 plain_one   like raise_one without the mnify runtime (plain mpi4py, no failure hook)
 sleep_one   rank 1 sleeps, the others time out in an allreduce (needs MNIFY_WATCHDOG_TIMEOUT)
+handled     rank 0 prints a handled traceback, carries on for a while, and every rank succeeds
 """
 
 import sys
@@ -43,5 +44,16 @@ elif scenario == "sleep_one":
     if comm.rank == 1:
         time.sleep(60)
     comm.allreduce(np.ones(2))
+elif scenario == "handled":
+    if comm.rank == 0:
+        import traceback
+
+        try:
+            {}["missing"]
+        except KeyError:
+            traceback.print_exc()
+        time.sleep(1.5)
+    comm.barrier()
+    print(f"done {comm.rank}")
 else:
     raise SystemExit(f"unknown scenario {scenario}")
