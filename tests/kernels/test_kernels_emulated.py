@@ -233,3 +233,170 @@ def test_channel_blocks_equal_twin(
         ctypes.c_ulonglong(total), ctypes.c_ulonglong(s), ctypes.c_ulonglong(args[4]),
     )  # fmt: skip
     np.testing.assert_array_equal(split, flat)
+
+
+# -- channel_stats.cu: its threads synchronise, so each CUDA thread becomes an OS thread ---------
+
+STATS_HARNESS = r"""
+#define MNIFY_HOST_EMULATION
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __align__(n) alignas(n)
+#define __shared__ static  /* one block runs at a time: static is the block's shared memory */
+#include <barrier>
+#include <memory>
+#include <thread>
+#include <vector>
+struct mn_dim3 { unsigned x, y, z; };
+static thread_local mn_dim3 threadIdx;
+static mn_dim3 blockIdx, blockDim, gridDim;
+static std::unique_ptr<std::barrier<>> block_barrier;
+static std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+static double shuffle_lanes[64][32];
+
+static void __syncthreads() { block_barrier->arrive_and_wait(); }
+
+template <typename T> static T __shfl_down_sync(unsigned, T v, int offset) {
+  const unsigned linear = threadIdx.x + threadIdx.y * blockDim.x;
+  const unsigned warp = linear / 32, lane = linear % 32;
+  shuffle_lanes[warp][lane] = (double)v;
+  warp_barriers[warp]->arrive_and_wait();
+  const T got = lane + offset < 32 ? (T)shuffle_lanes[warp][lane + offset] : v;
+  warp_barriers[warp]->arrive_and_wait();
+  return got;
+}
+
+#include "channel_stats.cu"
+
+template <typename Body>
+static void launch(mn_dim3 grid, mn_dim3 block, Body body) {
+  gridDim = grid;
+  blockDim = block;
+  const unsigned threads = block.x * block.y;
+  for (unsigned by = 0; by < grid.y; ++by)
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+      blockIdx = {bx, by, 0};
+      block_barrier = std::make_unique<std::barrier<>>(threads);
+      warp_barriers.clear();
+      for (unsigned w = 0; w < threads / 32; ++w)
+        warp_barriers.push_back(std::make_unique<std::barrier<>>(32));
+      std::vector<std::thread> pool;
+      for (unsigned t = 0; t < threads; ++t)
+        pool.emplace_back([&, t] {
+          threadIdx = {t % block.x, t / block.x, 0};
+          body();
+        });
+      for (auto& th : pool) th.join();
+    }
+}
+
+template <typename T, bool Two>
+static void stats(int rows, unsigned gx, unsigned gy, const void* a, const void* b, long long n,
+                  long long width, long long s, long long step, void* partial) {
+  typedef typename mn_acc<T>::type Acc;
+  if (rows)
+    launch({gx, gy, 1}, {256, 1, 1}, [&] {
+      mnify_channel_sums_rows<T, Two>((const T*)a, (const T*)b, n, width, s, step, (Acc*)partial);
+    });
+  else
+    launch({gx, gy, 1}, {32, 8, 1}, [&] {
+      mnify_channel_sums_cols<T, Two>((const T*)a, (const T*)b, n, width, step, (Acc*)partial);
+    });
+}
+
+extern "C" void emulate_channel_sums(int rows, int type, int two, unsigned gx, unsigned gy,
+                                     const void* a, const void* b, long long n, long long width,
+                                     long long s, long long step, void* partial) {
+#define MN_CASE(CODE, T)                                                          \
+  if (type == CODE) {                                                             \
+    if (two) stats<T, true>(rows, gx, gy, a, b, n, width, s, step, partial);      \
+    else stats<T, false>(rows, gx, gy, a, b, n, width, s, step, partial);         \
+  }
+  MN_CASE(0, mn_half)
+  MN_CASE(1, float)
+  MN_CASE(2, double)
+#undef MN_CASE
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def stats_lib(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ctypes.CDLL]:
+    assert GXX is not None
+    work = tmp_path_factory.mktemp("emulated_stats")
+    src = work / "stats.cpp"
+    src.write_text(STATS_HARNESS)
+    so = work / "stats.so"
+    cmd = [GXX, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", f"-I{sources.KERNEL_DIR}"]
+    proc = subprocess.run(
+        [*cmd, "-o", str(so), str(src)], capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0 and "barrier" in proc.stderr:
+        pytest.skip(f"this g++ has no C++20 <barrier>: {proc.stderr[:200]}")
+    assert proc.returncode == 0, proc.stderr
+    yield ctypes.CDLL(str(so))
+
+
+seen_launches: set[tuple[str, bool]] = set()
+
+
+def _emulated_stats(
+    lib: Any, a: np.ndarray, b: np.ndarray | None, sm_count: int
+) -> tuple[Any, Any]:
+    """device.py's _channel_stats with the emulated stage 1 and numpy's stage 2."""
+    n, c = a.shape[0], a.shape[1]
+    s = math.prod(a.shape[2:])
+    launch = plans.stats_launch(n, c, s, sm_count)
+    acc = host.accumulate_dtype(a.dtype)
+    partial = np.full((2, launch.parts, c * launch.width), np.nan, dtype=acc)
+    a = np.ascontiguousarray(a)
+    b_arr = a if b is None else np.ascontiguousarray(b)
+    width = c if launch.layout == "rows" else c * s
+    if launch.grid != (1, 1):
+        seen_launches.add((launch.layout, launch.parts > 1))
+    lib.emulate_channel_sums(
+        int(launch.layout == "rows"), TYPES[a.dtype.name], int(b is not None),
+        ctypes.c_uint(launch.grid[0]), ctypes.c_uint(launch.grid[1]),
+        _ptr(a), _ptr(b_arr), ctypes.c_longlong(n), ctypes.c_longlong(width),
+        ctypes.c_longlong(s), ctypes.c_longlong(launch.step), _ptr(partial),
+    )  # fmt: skip
+    assert not np.isnan(partial).any(), "a partial sum was never written"
+    result = partial.reshape(2, launch.parts, c, launch.width).sum(axis=(1, 3))
+    return result[0], result[1]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize(
+    ("shape", "sm_count"),
+    [
+        ((3, 2, 20, 20), 1),  # rows, one part per channel
+        ((20, 2, 300), 8),  # rows, 3 parts whose ends fall inside rows
+        ((4, 2, 64, 64), 8),  # rows, 8 parts of half a row each
+        ((130, 3, 5), 2),  # cols, 3 row parts
+        ((9, 5), 1),  # cols, s == 1
+    ],
+)
+def test_channel_stats_kernels_equal_twin(
+    stats_lib: Any, dtype: Any, shape: tuple[int, ...], sm_count: int
+) -> None:
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(shape) + 0.5).astype(dtype)
+    g = rng.standard_normal(shape).astype(dtype)
+    tol = {"rtol": 1e-5, "atol": 1e-4} if dtype != np.float64 else {"rtol": 1e-12, "atol": 1e-12}
+    got = _emulated_stats(stats_lib, x, None, sm_count)
+    want = host.channel_sums(x)
+    for gv, wv in zip(got, want, strict=True):
+        np.testing.assert_allclose(gv, wv, **tol)
+    got = _emulated_stats(stats_lib, g, x, sm_count)
+    want = host.bn_backward_sums(g, x)
+    for gv, wv in zip(got, want, strict=True):
+        np.testing.assert_allclose(gv, wv, **tol)
+
+
+def test_emulation_covered_multi_part_launches() -> None:
+    # runs after the parametrized cases above (file order): both layouts split into parts
+    if not seen_launches:
+        pytest.skip("the emulated cases did not run")
+    assert {("rows", True), ("cols", True)} <= seen_launches
