@@ -30,6 +30,8 @@ from mnify.launch.mpiexec import MpiExec
 # Variables forwarded to every rank when set: exact names, and prefixes.
 FORWARDED_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTHONPATH")
 FORWARDED_PREFIXES = ("MNIFY_",)
+# Per-host or launcher-side settings: forwarding one value to every host would be wrong.
+NOT_FORWARDED = ("MNIFY_HOSTNAME", "MNIFY_MPIEXEC")
 WATCHDOG_ENV = "MNIFY_WATCHDOG_TIMEOUT"
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -84,7 +86,10 @@ def _is_root() -> bool:
 def forwarded_names(environ: Mapping[str, str], extra: list[str]) -> list[str]:
     """Names of the variables to pass to the ranks, sorted, without duplicates."""
     names = {
-        name for name in environ if name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES)
+        name
+        for name in environ
+        if (name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES))
+        and name not in NOT_FORWARDED
     }
     names.update(item.split("=", 1)[0] for item in extra)
     return sorted(names)

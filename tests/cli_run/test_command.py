@@ -9,7 +9,13 @@ from mnify.launch.mpiexec import MpiExec, parse_version_banner
 
 OMPI = MpiExec("/opt/ompi/bin/mpiexec", "openmpi", "5.0.11", "mpiexec (Open MPI) 5.0.11")
 MPICH = MpiExec("/opt/mpich/bin/mpiexec", "mpich", "4.1.2", "HYDRA build details:")
-ENV = {"HOME": "/root", "MNIFY_DEBUG": "1", "CUDA_VISIBLE_DEVICES": "0,1", "OTHER": "x"}
+ENV = {
+    "HOME": "/root",
+    "MNIFY_DEBUG": "1",
+    "CUDA_VISIBLE_DEVICES": "0,1",
+    "OTHER": "x",
+    "MNIFY_HOSTNAME": "fake0",  # per host: never forwarded
+}
 
 
 def spec(**kw: object) -> LaunchSpec:
