@@ -6,6 +6,7 @@ raise_one   rank 1 raises, the others wait in a collective
 plain_one   like raise_one without the mnify runtime (plain mpi4py, no failure hook)
 sleep_one   rank 1 sleeps, the others time out in an allreduce (needs MNIFY_WATCHDOG_TIMEOUT)
 handled     rank 0 prints a handled traceback, carries on for a while, and every rank succeeds
+hosts [fail] every rank prints its host; with "fail" the last rank raises afterwards
 """
 
 import sys
@@ -44,6 +45,14 @@ elif scenario == "sleep_one":
     if comm.rank == 1:
         time.sleep(60)
     comm.allreduce(np.ones(2))
+elif scenario == "hosts":
+    from mpi4py import MPI
+
+    print(f"rank {comm.rank} of {comm.size} on {MPI.Get_processor_name()}")
+    comm.barrier()
+    if sys.argv[2:] == ["fail"] and comm.rank == comm.size - 1:
+        raise RuntimeError(f"no GPU {comm.intra_rank} on this node")
+    comm.barrier()
 elif scenario == "handled":
     if comm.rank == 0:
         import traceback
