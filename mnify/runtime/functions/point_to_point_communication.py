@@ -7,7 +7,8 @@ whatever this rank calls ``backward()`` on: call ``delegate.backward()`` when it
 the rank computes, or pass it to the next ``recv(..., delegate_variable=...)`` or
 :func:`~mnify.runtime.functions.pseudo_connect`.
 
-Wire protocol (forward, sender -> receiver, on ``tag``): one object ``n`` (how many arrays), then
+Wire protocol (forward, sender -> receiver, on ``tag``): one object ``(n, on_gpu)`` (how many
+arrays, and whether they were CuPy arrays: the receiver then puts them on its current device), then
 ``n`` arrays. Backward (receiver -> sender, same tag): exactly ``n`` gradient arrays, zeros for
 outputs the receiver did not use, so the sender never waits for a message that is not coming.
 """
@@ -31,6 +32,16 @@ if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
 
 
+def _is_cupy(xp: Any) -> bool:
+    return getattr(xp, "__name__", "") == "cupy"
+
+
+def _cupy() -> Any:
+    import cupy  # type: ignore[import-not-found]
+
+    return cupy
+
+
 class Send(chainer.FunctionNode):
     """Inputs: the arrays to send, then an anchor. Output: the zero-size delegate."""
 
@@ -49,7 +60,7 @@ class Send(chainer.FunctionNode):
         xs = inputs[:-1]
         self.xp = array_module(*xs)
         self.in_meta = [(tuple(x.shape), x.dtype) for x in xs]
-        self.comm.send_obj(len(xs), self.peer, tag=self.tag)
+        self.comm.send_obj((len(xs), _is_cupy(self.xp)), self.peer, tag=self.tag)
         for x in xs:
             self.comm.send(self.xp.ascontiguousarray(x), self.peer, tag=self.tag)
         return (self.xp.empty((0,), dtype=np.float32),)
@@ -81,10 +92,10 @@ class Recv(chainer.FunctionNode):
 
     def forward(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         self.in_meta = [(tuple(a.shape), a.dtype) for a in inputs]
-        count = int(self.comm.recv_obj(self.peer, tag=self.tag))
-        arrays = [self.comm.recv(self.peer, tag=self.tag) for _ in range(count)]
+        count, on_gpu = self.comm.recv_obj(self.peer, tag=self.tag)
+        arrays = [self.comm.recv(self.peer, tag=self.tag) for _ in range(int(count))]
         if self.xp is None:
-            self.xp = array_module(*arrays)
+            self.xp = _cupy() if on_gpu else array_module(*arrays)
         outs = tuple(like_module(a, self.xp) for a in arrays)
         self.out_meta = [(tuple(a.shape), a.dtype) for a in outs]
         return outs
@@ -134,7 +145,7 @@ def recv(
     ``delegate_variable`` (from an earlier :func:`send` on this rank) is threaded through, so
     backward from what this returns also reaches that send. One array comes back as a variable
     unless ``force_tuple``; several come back as a tuple. ``xp`` (numpy or cupy) picks where the
-    result lives (default: the delegate's array module, else the communicator's choice).
+    result lives (default: the delegate's array module, else where the sender's arrays were).
     """
     if rank == communicator.rank:
         raise ValueError(f"recv: rank {rank} is this rank; receiving from itself would deadlock")
