@@ -31,6 +31,11 @@ def test_data_parallel_parity(n_ranks: int, comm: str) -> None:
     run_script(n_ranks, "parity_checks.py", CHECKS, comm=comm)
 
 
+def test_parity_in_debug_mode() -> None:
+    """MNIFY_DEBUG=1 compares every collective's shapes: uneven batches must not look like a bug."""
+    run_script(2, "parity_checks.py", CHECKS, extra_env={"MNIFY_DEBUG": "1"})
+
+
 def test_parity_on_hierarchical_over_two_fake_hosts() -> None:
     """3 ranks as hosts of 2 and 1 ranks: intra-host reduce, inter-host allreduce, broadcast."""
     run_script(3, "parity_checks.py", CHECKS, comm="hierarchical", ranks_per_host=2)

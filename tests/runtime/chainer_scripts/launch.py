@@ -16,6 +16,7 @@ def run_script(
     *,
     comm: str = "naive",
     ranks_per_host: int | None = None,
+    extra_env: dict[str, str] | None = None,
     timeout: float = 240,
 ) -> RankRun:
     """Run ``script`` on ``n`` ranks with communicator ``comm``; every rank must print
@@ -23,6 +24,7 @@ def run_script(
     env = {"MNIFY_TEST_COMM": comm}
     if ranks_per_host:
         env["MNIFY_TEST_RANKS_PER_HOST"] = str(ranks_per_host)
+    env.update(extra_env or {})
     run = run_ranks(n, SCRIPTS / script, timeout=timeout, env=env)
     for rank in range(n):
         passed = [line[len("PASS ") :] for line in run.rank_lines(rank) if line.startswith("PASS ")]
