@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# pack/unpack: elements one block copies (a block of 256 threads does 8 each)
-BUCKET_TILE = 2048
+# pack/unpack: elements one block copies; a block of 256 threads does 8 each (MN_ITEMS in
+# pack.cu: a tile of exactly MN_ITEMS * threads takes the kernel's unrolled path)
 BUCKET_THREADS = 256
+BUCKET_TILE = 8 * BUCKET_THREADS
 # channel statistics: from this spatial size on, the "rows" layout is used (else "cols")
 ROWS_MIN_SPATIAL = 256
 STATS_THREADS = 256
