@@ -193,3 +193,32 @@ def test_split_then_alltoall_shape_arithmetic() -> None:
             flat[offset : offset + size].reshape(n, c, *spatial), x[:, c0 : c0 + c]
         )
         offset, c0 = offset + size, c0 + c
+
+
+def test_pack_unpack_non_contiguous_and_scalar_arrays() -> None:
+    base = np.arange(24, dtype=np.float64).reshape(4, 6)
+    arrays = [base[:, ::2], np.full((), 5.0, np.float32), base.T]
+    total = sum(a.size for a in arrays)
+    buf = np.empty(total, np.float32)
+    kernels.pack(arrays, buf, 2.0)
+    expect = np.concatenate([a.ravel() * 2.0 for a in arrays]).astype(np.float32)
+    np.testing.assert_array_equal(buf, expect)
+    kernels.unpack(buf, arrays, 0.5)  # writes through the strided views into base
+    np.testing.assert_array_equal(base, np.arange(24, dtype=np.float64).reshape(4, 6))
+    assert arrays[1] == 5.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_gather_split_random_layouts(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ranks = int(rng.integers(1, 6))
+    counts = [int(c) for c in rng.integers(0, 4, size=ranks)]
+    if sum(counts) == 0:
+        counts[0] = 1
+    n = int(rng.integers(1, 4))
+    spatial = tuple(int(d) for d in rng.integers(1, 5, size=int(rng.integers(0, 3))))
+    blocks = [rng.standard_normal((n, c, *spatial)) for c in counts]
+    flat = np.concatenate([b.ravel() for b in blocks])
+    full = np.concatenate(blocks, axis=1)
+    np.testing.assert_array_equal(kernels.gather_channels(flat, counts, n, spatial), full)
+    np.testing.assert_array_equal(kernels.split_channels(full, counts), flat)
