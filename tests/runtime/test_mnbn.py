@@ -13,6 +13,7 @@ CHECKS = [
     "function with an empty batch on rank 0",
     "link running statistics, identical ranks, no communication in test mode",
     "link options: no gamma/beta, lazy size, finetune, tuple size",
+    "mixed16: float16 activations, float32 statistics",
     "create_mnbn_model on Chain, Sequential and ChainList",
 ]
 

@@ -160,6 +160,36 @@ check_link_options()
 report(comm, "link options: no gamma/beta, lazy size, finetune, tuple size")
 
 
+def check_mixed16() -> None:
+    """float16 activations with float32 parameters (Chainer's mixed16): as L.BatchNormalization."""
+    rng = np.random.RandomState(5)
+    counts = [2 + r for r in range(size)]
+    x_all = (rng.randn(sum(counts), 3, 2) * 3 + 2).astype(np.float16)
+    gy_all = rng.randn(sum(counts), 3, 2).astype(np.float16)
+    mine = rank_slices(counts)[rank]
+    with chainer.using_config("dtype", chainer.mixed16):
+        ref = L.BatchNormalization(3)
+        link = mn.links.MultiNodeBatchNormalization(3, comm)
+    assert link.gamma.dtype == link.avg_mean.dtype == np.float32
+    results = []
+    for bn, x, gy in ((ref, x_all, gy_all), (link, x_all[mine], gy_all[mine])):
+        bn.cleargrads()
+        xv = chainer.Variable(x.copy())
+        y = bn(xv)
+        F.sum(y * gy).backward()
+        assert y.dtype == xv.grad.dtype == np.float16
+        results.append((y.array, xv.grad, bn.gamma.grad, bn.avg_var))
+    (y_ref, gx_ref, gg_ref, var_ref), (y, gx, gg, var) = results
+    assert_close(y, y_ref[mine], "mixed16 y", 2e-3)
+    assert_close(gx, gx_ref[mine], "mixed16 gx", 2e-3)
+    assert_close(comm.allreduce(gg), gg_ref, "mixed16 ggamma", 1e-3)
+    assert_close(var, var_ref, "mixed16 running var", 1e-4)
+
+
+check_mixed16()
+report(comm, "mixed16: float16 activations, float32 statistics")
+
+
 class Net(chainer.Chain):
     def __init__(self) -> None:
         super().__init__()
