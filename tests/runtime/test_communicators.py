@@ -26,7 +26,7 @@ def _assert_done(run, n: int, names: list[str], suffix: str = "") -> None:  # ty
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_every_collective_matches_numpy(n: int) -> None:
-    names = ["naive", "flat", "hierarchical", "auto"]
+    names = ["naive", "flat", "hierarchical", "auto", "flat/small"]
     run = run_ranks(n, SCRIPTS / "collectives.py", names, timeout=180)
     _assert_done(run, n, names)
     # one host, CPU only: auto is flat

@@ -12,7 +12,7 @@ Reductions run in the array's dtype when this MPI can reduce it, else in float32
 libraries without ``MPI_SHORT_FLOAT`` sums).
 
 Subclasses choose how gradients are averaged (:meth:`_reduce_arrays`) and how one buffer is
-all-reduced (:meth:`_reduce_inplace`).
+all-reduced (:meth:`_allreduce_into`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 from mpi4py import MPI
 
-from mnify.runtime import debug
+from mnify.runtime import debug, kernels
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators.buckets import PlanCache
 from mnify.runtime.communicators.topology import Topology
@@ -251,21 +251,25 @@ class CommunicatorBase:
         step = max(1, self.bucket_bytes // max(1, flat.itemsize))
         return [flat[i : i + step] for i in range(0, flat.size, step)] or [flat]
 
-    def _reduce_inplace(self, buf: np.ndarray, op: MPI.Op) -> None:
-        """All-reduce the contiguous ``buf`` in place, in bucket-sized pieces."""
-        for piece in self._chunks(buf):
-            self._mpi(self.mpi_comm, "Allreduce", MPI.IN_PLACE, piece, op)
+    def _allreduce_into(self, send: np.ndarray, recv: np.ndarray, op: MPI.Op) -> None:
+        """All-reduce the contiguous ``send`` into ``recv`` (the same array: in place), in
+        bucket-sized pieces."""
+        in_place = send is recv
+        for s_piece, r_piece in zip(self._chunks(send), self._chunks(recv), strict=True):
+            self._mpi(
+                self.mpi_comm, "Allreduce", MPI.IN_PLACE if in_place else s_piece, r_piece, op
+            )
 
     def _reduce_arrays(self, arrays: list[np.ndarray], scale: float) -> None:
-        """Sum host ``arrays`` over ranks in place, times ``scale``: packed into buckets, one
-        collective per bucket, the scale fused into unpacking."""
+        """Sum host ``arrays`` over ranks in place, times ``scale``: in buckets, one collective
+        per bucket, the scale fused into unpacking."""
         if not arrays:
             return
         wire = self.allreduce_grad_dtype or np.result_type(*arrays)
         wire = arr.reduction_dtype(np.dtype(wire))
         plan = self._plans.get(arrays, wire, self.bucket_bytes, tag="reduce")
         flats, flush = arr.contiguous_views(arrays)
-        plan.run(flats, lambda buf: self._reduce_inplace(buf, MPI.SUM), scale)
+        plan.run(flats, lambda buf: self._allreduce_into(buf, buf, MPI.SUM), scale)
         flush()
 
     def _reduce_staged(self, arrays: list[Any], scale: float) -> None:
@@ -283,7 +287,7 @@ class CommunicatorBase:
         self._enter(CallSignature.of("allreduce", [host], op=op))
         wire = arr.reduction_dtype(host.dtype)
         buf = np.array(host, dtype=wire, order="C", copy=True)
-        self._reduce_inplace(buf, mpi_op)
+        self._allreduce_into(buf, buf, mpi_op)
         out = buf.astype(host.dtype, copy=False)
         return arr.like(out, x)
 
@@ -350,12 +354,15 @@ class CommunicatorBase:
         raw = [f.view(np.uint8) for f in flats]
         plan = self._plans.get(raw, np.dtype(np.uint8), self.bucket_bytes, tag="bcast")
         is_root = self.rank == root
-        plan.run(
-            raw,
-            lambda buf: self._mpi(self.mpi_comm, "Bcast", [buf, MPI.BYTE], root=root),
-            pack=is_root,
-            unpack=not is_root,
-        )
+        for views, buf in plan.pieces(raw):
+            if len(views) == 1:  # a large array: straight from/into its own memory
+                self._mpi(self.mpi_comm, "Bcast", [views[0], MPI.BYTE], root=root)
+                continue
+            if is_root:
+                kernels.pack(views, buf)
+            self._mpi(self.mpi_comm, "Bcast", [buf, MPI.BYTE], root=root)
+            if not is_root:
+                kernels.unpack(buf, views)
         flush()
         if not is_root:
             for a, h in zip(arrays, hosts, strict=True):

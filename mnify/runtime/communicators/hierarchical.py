@@ -26,18 +26,22 @@ class HierarchicalCommunicator(CommunicatorBase):
         leader = self.intra_rank == 0
         self.inter_comm: MPI.Comm = self.mpi_comm.Split(0 if leader else MPI.UNDEFINED, self.rank)
 
-    def _reduce_inplace(self, buf: np.ndarray, op: MPI.Op) -> None:
+    def _allreduce_into(self, send: np.ndarray, recv: np.ndarray, op: MPI.Op) -> None:
         leader = self.intra_rank == 0
-        for piece in self._chunks(buf):
+        in_place = send is recv
+        for s_piece, r_piece in zip(self._chunks(send), self._chunks(recv), strict=True):
             if self.intra_size > 1:
                 if leader:
-                    self._mpi(self.intra_comm, "Reduce", MPI.IN_PLACE, piece, op, root=0)
+                    source = MPI.IN_PLACE if in_place else s_piece
+                    self._mpi(self.intra_comm, "Reduce", source, r_piece, op, root=0)
                 else:
-                    self._mpi(self.intra_comm, "Reduce", piece, None, op, root=0)
+                    self._mpi(self.intra_comm, "Reduce", s_piece, None, op, root=0)
+            elif not in_place:
+                np.copyto(r_piece, s_piece)
             if leader and self.inter_size > 1:
-                self._mpi(self.inter_comm, "Allreduce", MPI.IN_PLACE, piece, op)
+                self._mpi(self.inter_comm, "Allreduce", MPI.IN_PLACE, r_piece, op)
             if self.intra_size > 1:
-                self._mpi(self.intra_comm, "Bcast", piece, root=0)
+                self._mpi(self.intra_comm, "Bcast", r_piece, root=0)
 
     def _free_comms(self) -> None:
         self.intra_comm.Free()
