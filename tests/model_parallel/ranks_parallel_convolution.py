@@ -143,4 +143,29 @@ assert_close(
 )
 ok("whole_layer_helpers")
 
+# ---------------------------------------------------------------- float16 end to end
+np.random.seed(11)
+ref16 = L.Convolution2D(3, 5, 3, pad=1, initialW=chainer.initializers.Normal(0.3, dtype=np.float16))
+ref16.b.array = ref16.b.array.astype(np.float16)
+np.random.seed(11)
+par16 = ParallelConvolution2D(
+    comm, 3, 5, 3, pad=1, initialW=chainer.initializers.Normal(0.3, dtype=np.float16)
+)
+assert par16.b is not None
+par16.b.array = par16.b.array.astype(np.float16)
+x16 = data(12, (2, 3, 4, 4)).astype(np.float16)
+xr, xp_ = V(x16.copy()), V(x16.copy())
+yr, yp = ref16(xr), par16(xp_)
+assert yp.dtype == np.float16
+assert_close("fp16 forward", yp.array, yr.array, 1e-2, 1e-2)
+w16 = data(13, yr.shape).astype(np.float16)
+ref16.cleargrads()
+par16.cleargrads()
+F.sum(yr * w16).backward()
+F.sum(yp * w16).backward()
+assert xp_.grad.dtype == np.float16 and par16.W.grad.dtype == np.float16
+assert_close("fp16 grad x", xp_.grad, xr.grad, 1e-2, 1e-2)
+assert_close("fp16 grad W", par16.W.grad, ref16.W.grad[par16.local_slice()], 1e-2, 1e-2)
+ok("float16")
+
 print("DONE", flush=True)
