@@ -45,6 +45,10 @@ PREFIX = "mnf"
 SUBNET = "10.213.7.0/24"
 """Private addresses used only inside the test bed's namespaces (never assigned in the root one)."""
 HOST_NAMES = "abcdefghijklmnopqrstuvwxyz"
+KEEPALIVE_IDLE_S = 8
+"""Seconds an idle daemon connection waits before keepalive probes (3 probes, 1 s apart)."""
+TCP_RETRIES2 = 4
+"""Retransmissions before a host's kernel drops an unanswered connection (about 6 s)."""
 NETNS_DIR = Path("/run/netns")
 STATE_ROOT = Path(tempfile.gettempdir()) / "mnify-testbed"
 
@@ -299,6 +303,10 @@ class TestBed:
             "--mca",
             "pml",
             "ob1",
+            # Notice a daemon whose host dropped off the network in seconds, not minutes.
+            *("--prtemca", "oob_tcp_keepalive_time", str(KEEPALIVE_IDLE_S)),
+            *("--prtemca", "oob_tcp_keepalive_intvl", "1"),
+            *("--prtemca", "oob_tcp_keepalive_probes", "3"),
         ]
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -476,6 +484,23 @@ class TestBed:
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
+def _tune_tcp(netns: str) -> None:
+    """Give up on an unanswered TCP connection after a few seconds (Linux default: ~15 minutes).
+
+    When a host's link goes down after a rank has asked ``mpiexec`` to abort, ``mpiexec``'s kill
+    order to that host's daemon sits unacknowledged; keepalives do not run while data is in
+    flight, so only the retransmission limit ends the wait. The setting is per namespace: only
+    the test bed's hosts get it.
+    """
+    write = f"echo {TCP_RETRIES2} > /proc/sys/net/ipv4/tcp_retries2"
+    subprocess.run(
+        ["ip", "netns", "exec", netns, "sh", "-c", write],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
 def build(n_hosts: int) -> TestBed:
     """Create ``n_hosts`` hosts (``mna``, ``mnb``, ...) on a fresh bridge; tear down on failure.
 
@@ -526,6 +551,7 @@ def build(n_hosts: int) -> TestBed:
             _ip("-n", host.netns, "addr", "add", f"{host.address}/{mask}", "dev", "eth0")
             _ip("-n", host.netns, "link", "set", "eth0", "up")
             _ip("-n", host.netns, "link", "set", "lo", "up")
+            _tune_tcp(host.netns)
     except subprocess.CalledProcessError as exc:
         bed.teardown()
         raise RuntimeError(f"building the test bed failed: {exc.cmd}: {exc.stderr}") from exc
