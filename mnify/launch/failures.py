@@ -331,6 +331,24 @@ def group_tracebacks(tracebacks: Iterable[RankTraceback]) -> list[ErrorGroup]:
     return sorted(groups.values(), key=lambda g: (-len(g.ranks), g.ranks[0]))
 
 
+_FORK_WARNING = re.compile(r'involving a call to the\s+"fork\(\)" system call')
+FORK_NOTE = (
+    "Open MPI warned that a rank called fork() (subprocess, os.system, DumpGraph, a "
+    "MultiprocessIterator started with 'fork'): over InfiniBand this can abort ranks with signal "
+    "6 or corrupt memory. `mnify lint` finds these calls; `mnify doctor` names your MPI's risk."
+)
+
+
+def describe_exit(e: RankExit) -> str:
+    """One rank ending as mpiexec reported it, in words."""
+    if e.how == "abort":
+        return f"rank {e.rank} called MPI_Abort (code {e.code})"
+    if e.how == "signal":
+        name = f" ({e.detail})" if e.detail else ""
+        return f"rank {e.rank} was killed by signal {e.code}{name}"
+    return f"rank {e.rank} exited with status {e.code}"
+
+
 def _signal_note(exits: Sequence[RankExit]) -> str:
     notes = []
     for e in exits:
@@ -442,6 +460,8 @@ def summarize(
                 f"no Python traceback was printed; {where}. Look at the output above; retry on "
                 f"one rank{once} to see whether it depends on running several ranks."
             )
+    if _FORK_WARNING.search(launcher_text):
+        hint += " " + FORK_NOTE
     return FailureSummary(nprocs, returncode, kind, errors, timeouts, exits, hint)
 
 
@@ -463,10 +483,9 @@ def render_summary(summary: FailureSummary) -> str:
         what = "collective timeout" if group.timeout else "error"
         out.append(f"── {what} on {describe_ranks(group.ranks, summary.nprocs)}{hosts} ──")
         out.append(group.text)
-    note = _signal_note(summary.exits)
-    if note and summary.errors:
+    if summary.exits:
         out.append("")
-        out.append(f"mpiexec: {note}")
+        out.append(f"mpiexec: {'; '.join(describe_exit(e) for e in summary.exits)}")
     out.append("")
     out.append(f"hint: {summary.hint}")
     return "\n".join(out)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, TextIO
 
+from mnify.launch.banners import BannerFilter
 from mnify.launch.command import LaunchCommand
 from mnify.launch.failures import RankTraceback, TracebackCollector
 from mnify.launch.mpiexec import Flavor
@@ -38,7 +39,7 @@ class JobResult:
 
 def _read_lines(stream: IO[bytes], name: str, sink: queue.Queue[object]) -> None:
     for raw in iter(stream.readline, b""):
-        sink.put((name, raw.decode("utf-8", errors="replace").rstrip("\r\n")))
+        sink.put((name, raw.decode("utf-8", errors="replace").rstrip("\r\n").replace("\x00", "")))
     sink.put(_EOF)
 
 
@@ -55,35 +56,56 @@ class _Printer:
         target.flush()
 
 
-def _pump(
-    lines: queue.Queue[object],
-    flavor: Flavor,
-    printer: _Printer,
-    collector: TracebackCollector,
-    launcher: list[str],
-    stderr_by_rank: dict[int, list[str]],
-) -> int:
-    """Handle the next line (or time out quietly); returns 1 when a stream ended, else 0."""
-    try:
-        item = lines.get(timeout=0.25)
-    except queue.Empty:
+@dataclass
+class _Pump:
+    """Routes each line: rank stderr through the traceback collector, then Open MPI's boxes."""
+
+    flavor: Flavor
+    printer: _Printer
+    collector: TracebackCollector = field(default_factory=TracebackCollector)
+    banners: BannerFilter = field(default_factory=BannerFilter)
+    launcher: list[str] = field(default_factory=list)
+    stderr_by_rank: dict[int, list[str]] = field(default_factory=dict)
+
+    def next(self, lines: queue.Queue[object]) -> int:
+        """Handle the next line (or time out quietly); returns 1 when a stream ended, else 0."""
+        try:
+            item = lines.get(timeout=0.25)
+        except queue.Empty:
+            return 0
+        if item is _EOF:
+            return 1
+        assert isinstance(item, tuple)
+        stream: str = item[0]
+        line: RankLine = parse_line(item[1], self.flavor, stream)
+        if line.rank is None:
+            self.launcher.append(line.text)
+            self._show(None, line.text, stream)
+        elif stream == "stderr":
+            self.stderr_by_rank.setdefault(line.rank, []).append(line.text)
+            for shown in self.collector.feed(line.rank, line.text, time.monotonic()):
+                self.launcher.append(shown)
+                self._show(line.rank, shown, "stderr")
+        else:
+            self.printer.write(line.rank, line.text, "stdout")
         return 0
-    if item is _EOF:
-        return 1
-    assert isinstance(item, tuple)
-    stream: str = item[0]
-    line: RankLine = parse_line(item[1], flavor, stream)
-    if line.rank is None:
-        launcher.append(line.text)
-        printer.write(None, line.text, stream)
-    elif stream == "stderr":
-        stderr_by_rank.setdefault(line.rank, []).append(line.text)
-        for shown in collector.feed(line.rank, line.text, time.monotonic()):
-            launcher.append(shown)
-            printer.write(line.rank, shown, "stderr")
-    else:
-        printer.write(line.rank, line.text, "stdout")
-    return 0
+
+    def _show(self, rank: int | None, text: str, stream: str) -> None:
+        if stream != "stderr":
+            self.printer.write(rank, text, stream)
+            return
+        for shown in self.banners.feed(rank, text):
+            self.printer.write(rank, shown, stream)
+
+    def release_stale(self, hold_seconds: float) -> None:
+        for block in self.collector.stale(time.monotonic(), hold_seconds):
+            for text in block.lines:
+                self.printer.write(block.rank, text, "stderr")
+
+    def finish(self) -> list[RankTraceback]:
+        for rank, text in self.banners.flush():
+            self.printer.write(rank, text, "stderr")
+        return self.collector.finish()
 
 
 def run_job(
@@ -115,18 +137,13 @@ def run_job(
     for reader in readers:
         reader.start()
 
-    printer = _Printer(out, err, tag_output)
-    collector = TracebackCollector()
-    launcher: list[str] = []
-    stderr_by_rank: dict[int, list[str]] = {}
+    pump = _Pump(flavor, _Printer(out, err, tag_output))
     interrupted = False
     open_streams = len(readers)
     while open_streams:
         try:
-            open_streams -= _pump(lines, flavor, printer, collector, launcher, stderr_by_rank)
-            for block in collector.stale(time.monotonic(), hold_seconds):
-                for text in block.lines:
-                    printer.write(block.rank, text, "stderr")
+            open_streams -= pump.next(lines)
+            pump.release_stale(hold_seconds)
         except KeyboardInterrupt:
             # The terminal sent SIGINT to mpiexec too; it stops the ranks. Keep reading until
             # it has, so their last words (and the summary) still appear. A second Ctrl-C kills.
@@ -141,8 +158,8 @@ def run_job(
         interrupted = True
     return JobResult(
         returncode=returncode,
-        tracebacks=collector.finish(),
-        launcher_text="\n".join(launcher),
-        stderr_by_rank=stderr_by_rank,
+        tracebacks=pump.finish(),
+        launcher_text="\n".join(pump.launcher),
+        stderr_by_rank=pump.stderr_by_rank,
         interrupted=interrupted,
     )

@@ -230,6 +230,12 @@ def test_killed_rank_without_traceback_is_a_communication_failure_with_memory_hi
     s = summarize([], 2, 137, OMPI5_SIGNAL)
     assert s.kind is FailureKind.COMMUNICATION
     assert "signal 9" in s.hint and "memory" in s.hint
+    assert "mpiexec: rank 1 was killed by signal 9 (Killed)" in render_summary(s)
+
+
+def test_what_mpiexec_reported_is_summarised_in_one_line() -> None:
+    s = summarize([tb(1, PLAIN)], 3, 1, OMPI_ABORT)
+    assert "mpiexec: rank 1 called MPI_Abort (code 4)" in render_summary(s)
 
 
 def test_plain_non_zero_exit_has_no_traceback_kind() -> None:
