@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any
 
+from mnify.launch.command import forwarded_names
 from mnify.launch.hosts import HostSlots, HostSpecError, parse_hostfile, physical_cores, this_host
 from mnify.launch.hosts import total_slots as _total_slots
 from mnify.launch.mpiexec import MpiExec, MpiExecNotFound, find_mpiexec
@@ -323,6 +324,7 @@ def collect(hostfile: str | None = None) -> dict[str, Any]:
     }
     gpu.update(_gpus_by_driver())
     report["gpu"] = gpu
+    report["forwarded_env"] = {name: os.environ[name] for name in forwarded_names(os.environ, [])}
     report["hazards"] = hazards(report)
     missing = [name for name in ("mpi4py", "mpiexec") if not report[name].get("ok")]
     report["missing"] = missing

@@ -91,6 +91,9 @@ def render_text(report: dict[str, Any], console: Console) -> None:
             f"no GPU run possible: {g['reason']}; {driver}. CPU runs use 'naive'.",
         )
 
+    env = report["forwarded_env"]
+    shown = ", ".join(f"{k}={v}" for k, v in env.items()) if env else "none set"
+    _line(console, True, "env", f"forwarded to ranks by mnify run: {shown}")
     for hazard in report["hazards"]:
         _line(console, None, "hazard", f"[{hazard['id']}] {hazard['message']}")
     if report["missing"]:

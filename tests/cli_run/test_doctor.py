@@ -56,10 +56,18 @@ def test_json_says_why_there_is_no_gpu(report: dict[str, Any]) -> None:
 def test_text_report_names_every_section() -> None:
     result = CliRunner().invoke(main, ["doctor"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    for label in ("python", "mpi4py", "mpiexec", "hosts", "chainer", "numpy", "gpu"):
+    for label in ("python", "mpi4py", "mpiexec", "hosts", "chainer", "numpy", "gpu", "env"):
         assert f"  {label} " in result.stdout, result.stdout
     if not _has_cupy_gpu():
         assert "no GPU run possible" in result.stdout
+
+
+def test_forwarded_environment_is_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MNIFY_WATCHDOG_TIMEOUT", "42")
+    monkeypatch.setenv("MNIFY_HOSTNAME", "per-host")
+    env = mnify.doctor.collect()["forwarded_env"]
+    assert env["MNIFY_WATCHDOG_TIMEOUT"] == "42"
+    assert "MNIFY_HOSTNAME" not in env
 
 
 def test_hostfile_hosts_and_slots_are_reported(tmp_path: Path) -> None:
