@@ -1,0 +1,25 @@
+"""Model-parallel pieces on CuPy arrays, 2 ranks sharing the node's GPU (skipped without one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.mpirun import run_ranks
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_model_parallel_on_gpu() -> None:
+    cuda = pytest.importorskip("chainer.backends.cuda")
+    if not cuda.available:
+        pytest.skip("Chainer's CUDA backend is not available with this CuPy")
+    run = run_ranks(2, HERE / "ranks_gpu.py", timeout=300)
+    for r in range(2):
+        lines = run.rank_lines(r)
+        for check in ("gpu_parallel_convolution", "gpu_allgather", "gpu_send_recv"):
+            assert f"CHECK {check} ok" in lines, run.describe()
+        assert "DONE" in lines, run.describe()
