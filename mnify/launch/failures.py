@@ -98,7 +98,6 @@ class _State(Enum):
 class _RankState:
     state: _State = _State.OUTSIDE
     block: RankTraceback | None = None
-    held_blank: bool = False
     last_line_at: float = 0.0
     host: str | None = None
     fatal: bool = False  # opened by the ``[mnify] ... failed:`` header: the rank is dying
@@ -141,10 +140,8 @@ class TracebackCollector:
             st.block.lines.append(text)
             return []
         if text.startswith(TRACEBACK_START) and st.state in (_State.OUTSIDE, _State.MESSAGE):
-            if st.state is _State.MESSAGE or st.block is None:
-                self._close(st)
-                st.block = self._open(rank, st.host)
-            assert st.block is not None
+            self._close(st)  # a new traceback right after a message is a separate one
+            st.block = self._open(rank, st.host)
             st.block.lines.append(text)
             st.state = _State.FRAMES
             return []
