@@ -14,6 +14,7 @@ CHECKS = [
     "link running statistics, identical ranks, no communication in test mode",
     "link options: no gamma/beta, lazy size, finetune, tuple size",
     "mixed16: float16 activations, float32 statistics",
+    "float32 inputs with a large offset keep their variance",
     "create_mnbn_model on Chain, Sequential and ChainList",
 ]
 

@@ -1,7 +1,7 @@
 """Batch normalization over the ranks' batches together: the function behind MultiNodeBatchNormalization.
 
-Forward: each rank computes per-channel ``[count, sum, sum of squares]`` of its batch, one
-allreduce adds them up, and every rank normalises with the mean and (biased) variance of all
+Forward: each rank computes per-channel ``[count, sum, sum of squares]`` of its batch (the
+squares around its own batch mean, so float32 does not cancel), one allreduce adds them up, and every rank normalises with the mean and (biased) variance of all
 ranks' examples together. Because the statistics are sums weighted by counts, ranks may hold
 batches of different sizes (even empty ones): the result is exactly plain batch normalization
 of the concatenated batch. Running statistics are updated from the same global numbers on every
@@ -68,11 +68,21 @@ class MultiNodeBatchNormalizationFunction(chainer.function_node.FunctionNode):  
         if x.ndim < 2 or x.shape[1 : 1 + gamma.ndim] != gamma.shape:
             raise ValueError(f"x of shape {x.shape} does not have channels {gamma.shape} on axis 1")
         x3 = _per_channel(x, gamma.shape)
-        local_sum, local_sumsq = kernels.channel_sums(x3)
+        compute_dtype = gamma.dtype
+        n_local = x3.shape[0] * x3.shape[2]
+
+        # Two local passes, then one allreduce. Centering on the local mean first keeps the
+        # sum of squares free of cancellation (E[x^2] - mean^2 in float32 loses everything once
+        # |mean| is ~100x the spread); the ranks' pieces are then combined in float64.
+        local_sum, _ = kernels.channel_sums(x3)
+        local_mean = (local_sum / max(n_local, 1)).astype(compute_dtype)
+        centered = xp.subtract(x3, _column(local_mean), dtype=compute_dtype)  # becomes x_hat
+        centered_sum, centered_sumsq = kernels.channel_sums(centered)
+        m = local_mean.astype(np.float64)
         stats = xp.empty(1 + 2 * n_channels, dtype=np.float64)
-        stats[0] = x3.shape[0] * x3.shape[2]
-        stats[1 : 1 + n_channels] = local_sum
-        stats[1 + n_channels :] = local_sumsq
+        stats[0] = n_local
+        stats[1 : 1 + n_channels] = n_local * m + centered_sum  # sum of x
+        stats[1 + n_channels :] = centered_sumsq + 2 * m * centered_sum + n_local * m * m  # of x^2
         stats = self.comm.allreduce(stats, op="sum")
         count = float(stats[0])
         if count == 0:
@@ -80,11 +90,10 @@ class MultiNodeBatchNormalizationFunction(chainer.function_node.FunctionNode):  
         mean = stats[1 : 1 + n_channels] / count
         var = xp.maximum(stats[1 + n_channels :] / count - mean * mean, 0.0)
 
-        compute_dtype = gamma.dtype
         inv_std = (1.0 / xp.sqrt(var + self.eps)).astype(compute_dtype)
-        x_hat = (
-            x3.astype(compute_dtype, copy=False) - _column(mean.astype(compute_dtype))
-        ) * _column(inv_std)
+        x_hat = centered  # (x - local mean) + (local mean - global mean), scaled, in place
+        x_hat += _column((m - mean).astype(compute_dtype))
+        x_hat *= _column(inv_std)
         y = _column(gamma.reshape(-1)) * x_hat + _column(beta.reshape(-1))
 
         self.count = count

@@ -190,6 +190,25 @@ check_mixed16()
 report(comm, "mixed16: float16 activations, float32 statistics")
 
 
+def check_offset_inputs_float32() -> None:
+    """float32 inputs far from zero (mean 1000, spread 1): statistics must not cancel away."""
+    rng = np.random.RandomState(6)
+    counts = [3 + 2 * r for r in range(size)]
+    x_all = rng.randn(sum(counts), 4, 5) + 1000.0
+    mine = rank_slices(counts)[rank]
+    link = mn.links.MultiNodeBatchNormalization(4, comm, dtype=np.float32)
+    y = link(x_all[mine].astype(np.float32)).array
+    exact = (x_all - x_all.mean(axis=(0, 2), keepdims=True)) / np.sqrt(
+        x_all.var(axis=(0, 2), keepdims=True) + 2e-5
+    )
+    assert_close(y, exact[mine], "normalised offset inputs", 1e-4)
+    assert_close(link.avg_mean, 0.1 * x_all.mean(axis=(0, 2)), "running mean", 1e-5)
+
+
+check_offset_inputs_float32()
+report(comm, "float32 inputs with a large offset keep their variance")
+
+
 class Net(chainer.Chain):
     def __init__(self) -> None:
         super().__init__()
