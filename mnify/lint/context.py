@@ -86,7 +86,8 @@ class LintContext:
         self.bindings: dict[str, Binding] = {}
         self.import_roots: set[str] = set()
         self.communicator_calls: list[cst.Call] = []
-        self.model_parallel_calls: list[cst.Call] = []
+        self.model_parallel_uses: list[cst.CSTNode] = []
+        self.class_names: set[str] = set()  # classes defined in this file (models, datasets)
         self.frames: list[Frame] = []
         self.branches: list[tuple[cst.If, str]] = []
         self.rank_branches: list[tuple[cst.If, str]] = []
@@ -107,7 +108,7 @@ class LintContext:
 
     @property
     def is_model_parallel(self) -> bool:
-        return bool(self.model_parallel_calls)
+        return bool(self.model_parallel_uses)
 
     @property
     def is_data_parallel(self) -> bool:
@@ -364,6 +365,11 @@ class LintContext:
             self.loop_depth += 1
         elif kind is cst.FunctionDef:
             self.frames.append(Frame(node, "function", len(self.rank_branches)))
+        elif kind is cst.ClassDef:
+            self.class_names.add(node.name.value)  # type: ignore[attr-defined]
+            for base in node.bases:  # type: ignore[attr-defined]
+                if N.any_in(self.qualified_names(base.value), N.MODEL_PARALLEL_MARKERS):
+                    self.model_parallel_uses.append(base)
         elif kind is cst.Return:
             self._early_exit(node, "function")
         elif kind is cst.Continue or kind is cst.Break:
@@ -415,7 +421,7 @@ class LintContext:
         if N.any_in(names, N.COMMUNICATOR_FACTORIES):
             self.communicator_calls.append(call)
         elif N.any_in(names, N.MODEL_PARALLEL_MARKERS):
-            self.model_parallel_calls.append(call)
+            self.model_parallel_uses.append(call)
         elif N.any_in(names, N.PROCESS_EXITS):
             self._early_exit(call, "function")
 

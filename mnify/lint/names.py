@@ -37,11 +37,19 @@ SCATTER_FUNCTIONS = _multi_node(
     "datasets.scatter_dataset.scatter_index",
 )
 EMPTY_DATASET_FACTORIES = _multi_node("create_empty_dataset", "datasets.create_empty_dataset")
+# Calls or base classes that make a script model parallel (ranks hold parts of one model and
+# see the same batch), where data-parallel completeness rules do not apply.
 MODEL_PARALLEL_MARKERS = _multi_node(
     "create_multi_node_iterator",
     "iterators.create_multi_node_iterator",
     "links.ParallelConvolution2D",
+    "MultiNodeChainList",
     "links.MultiNodeChainList",
+    "links.create_multi_node_n_step_rnn",
+    "links.MultiNodeNStepRNN",
+    "functions.send",
+    "functions.recv",
+    "functions.pseudo_connect",
 )
 
 BATCH_NORMALIZATION = frozenset(
@@ -221,7 +229,20 @@ CHEAP_BUILTINS = frozenset(
     ).split()
 )
 CHEAP_METHODS = frozenset(
-    {"extend", "append", "format", "join", "info", "debug", "warning", "warn", "get", "items"}
+    {
+        "extend",
+        "append",
+        "format",
+        "join",
+        "info",
+        "debug",
+        "warning",
+        "warn",
+        "get",
+        "items",
+        "flush",
+        "write",
+    }
 )
 
 RANK_ATTRIBUTES = {"rank": "global", "intra_rank": "intra", "inter_rank": "inter"}

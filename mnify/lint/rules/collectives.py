@@ -126,10 +126,13 @@ class DivergentWorkBeforeTimedCollective(Rule):
     ``trainer.run()``) that follows, in the same block, a rank-conditional ``if`` doing work, with
     no ``barrier()`` or other collective between them at that block's level.
 
-    "Doing work": the ``if`` (either branch) contains a loop or a call other than cheap
-    bookkeeping (builtins such as ``print``/``len``, ``trainer.extend`` and other
-    ``extend``/``append``/``format``/logging methods, extension constructors, ``os.path``/
-    ``os.makedirs``), and contains no collective itself (those are MN301's business)."""
+    "Doing work": the ``if`` (either branch) contains a loop or an outermost call (not one
+    nested in another call's arguments) other than cheap bookkeeping (builtins such as
+    ``print``/``len``, ``extend``/``append``/``format``/``write``/``flush``/logging methods,
+    extension constructors, ``create_empty_dataset``, ``chainer.links`` constructors and classes
+    defined in the file, ``os.path``/``os.makedirs``), and contains
+    no collective itself (those are MN301's business). ``rank >= 0``/``rank < 0`` tests are the
+    same on every rank and never count."""
 
     code = "MN302"
     name = "divergent-work-before-timed-collective"
@@ -162,6 +165,7 @@ class DivergentWorkBeforeTimedCollective(Rule):
         self._blocks: list[_Block] = []
         self._rank_ifs: list[_RankIf] = []
         self._function_starts: list[int] = [0]  # blocks of enclosing functions do not count
+        self._call_depth = 0  # only outermost calls count as work: extend(factory(...)) is cheap
 
     def visit_Module(self, node: cst.Module) -> None:
         self._blocks.append(_Block(self.ctx.loop_depth))
@@ -200,11 +204,12 @@ class DivergentWorkBeforeTimedCollective(Rule):
         self._mark_work()
 
     def visit_Call(self, node: cst.Call) -> None:
+        self._call_depth += 1
         key = self.ctx.collective_key(node)
         if self._rank_ifs:
             if key is not None:
                 self._rank_ifs[-1].collective = True
-            elif self._is_work(node):
+            elif self._call_depth == 1 and self._is_work(node):
                 self._rank_ifs[-1].work = True
             return
         if key is None:
@@ -223,6 +228,9 @@ class DivergentWorkBeforeTimedCollective(Rule):
                     related=pending,
                 )
 
+    def leave_Call(self, original_node: cst.Call) -> None:
+        self._call_depth -= 1
+
     def _mark_work(self) -> None:
         if self._rank_ifs:
             self._rank_ifs[-1].work = True
@@ -233,10 +241,14 @@ class DivergentWorkBeforeTimedCollective(Rule):
             if (
                 name in N.CHEAP_BUILTINS
                 or N.is_extension(name)
+                or name in N.EMPTY_DATASET_FACTORIES
+                or name.startswith("chainer.links.")
                 or name.startswith(("logging.", "os.path.", "os.makedirs"))
             ):
                 return False
         func = call.func
+        if isinstance(func, cst.Name) and func.value in self.ctx.class_names:
+            return False  # building a model defined here: allocation, not a long task
         if isinstance(func, cst.Attribute):
             if func.attr.value in N.CHEAP_METHODS:
                 return False
