@@ -176,10 +176,14 @@ def run(
                 for line in tb.lines:
                     click.echo(f"[{tb.rank}] {line}" if tag_output else line, err=True)
         sys.exit(0)
+    if result.interrupted and not result.tracebacks:
+        click.echo("mnify run: interrupted; mpiexec stopped the ranks", err=True)
+        sys.exit(130)
     rerun = shlex.join(["mnify", "run", "-n", "1", script, *script_args])
     summary = summarize(result.tracebacks, nprocs, status, result.launcher_text, rerun)
     click.echo("", err=True)
     click.echo(render_summary(summary), err=True)
     if result.interrupted:
         click.echo("mnify run: interrupted", err=True)
+        sys.exit(130)
     sys.exit(status)

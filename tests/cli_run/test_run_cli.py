@@ -7,6 +7,7 @@ Jobs that must fail are bounded by a subprocess timeout well below the sleeping 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,30 @@ def test_handled_traceback_of_a_successful_job_is_shown_once(hold: str) -> None:
     assert "KeyError: 'missing'" in result.stderr
     assert {"done 0", "done 1"} <= set(result.stdout.splitlines())
     assert "the job failed" not in result.stderr
+
+
+def test_ctrl_c_stops_every_rank_and_exits_130() -> None:
+    proc = subprocess.Popen(
+        [str(MNIFY), "run", "-n", "2", str(SCRIPT), "wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=_env(),
+        start_new_session=True,  # its own process group, like a terminal's foreground job
+    )
+    try:
+        assert proc.stdout is not None
+        ready = {proc.stdout.readline().strip() for _ in range(2)}
+        assert ready == {"ready 0", "ready 1"}, ready
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
+        _, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "the job failed" not in err
 
 
 def _fake_mpiexec(tmp_path: Path) -> tuple[Path, Path]:

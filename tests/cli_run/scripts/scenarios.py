@@ -7,6 +7,7 @@ plain_one   like raise_one without the mnify runtime (plain mpi4py, no failure h
 sleep_one   rank 1 sleeps, the others time out in an allreduce (needs MNIFY_WATCHDOG_TIMEOUT)
 handled     rank 0 prints a handled traceback, carries on for a while, and every rank succeeds
 hosts [fail] every rank prints its host; with "fail" the last rank raises afterwards
+wait        every rank prints "ready R" and sleeps 60 s (to be interrupted)
 """
 
 import sys
@@ -21,6 +22,12 @@ if scenario == "plain_one":
     if world.Get_rank() == 1:
         raise LookupError("rank-specific shard is missing")
     world.Barrier()
+    sys.exit(0)
+if scenario == "wait":
+    from mpi4py import MPI
+
+    print(f"ready {MPI.COMM_WORLD.Get_rank()}", flush=True)
+    time.sleep(60)
     sys.exit(0)
 
 import numpy as np  # noqa: E402
