@@ -87,8 +87,15 @@ def lint_paths(
             )
         except LintSyntaxError as exc:
             result.errors.append(f"error: cannot lint {shown}: {exc.line}:{exc.col}: {exc.reason}")
-        except (OSError, UnicodeDecodeError) as exc:
-            result.errors.append(f"error: cannot lint {shown}: {exc}")
+        except UnicodeDecodeError as exc:
+            data = exc.object
+            line = data.count(b"\n", 0, exc.start) + 1
+            col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+            result.errors.append(
+                f"error: cannot lint {shown}: {line}:{col}: not UTF-8 ({exc.reason})"
+            )
+        except OSError as exc:
+            result.errors.append(f"error: cannot lint {shown}: {exc.strerror or exc}")
         except SelectorError as exc:
             where = config.source if config.source is not None else "command line"
             raise ConfigError(f"{where}: {exc}") from exc
