@@ -104,7 +104,12 @@ def combine_rank_means(per_rank: list[dict[str, tuple[float, float]]]) -> dict[s
 def _multi_node_evaluate(self: Any) -> dict[str, float]:
     """Run the wrapped evaluator's evaluate with example counting, then combine over the ranks."""
     comm: CommunicatorBase = self._mn_communicator
-    iterators = self._iterators
+    iterators = getattr(self, "_iterators", {})
+    if "main" not in iterators:  # nothing to count: ChainerMN's equal weights
+        local_means = self._mn_original_evaluate()
+        return combine_rank_means(
+            comm.allgather_obj({k: (_as_float(v), 0.0) for k, v in local_means.items()})
+        )
     original_iterator = iterators["main"]
     original_eval_func = self.eval_func
     counter = CountingIterator(original_iterator)
@@ -118,13 +123,18 @@ def _multi_node_evaluate(self: Any) -> dict[str, float]:
     finally:
         iterators["main"] = original_iterator
         self.eval_func = original_eval_func
-    local = {}
-    for key, value in local_means.items():
-        if isinstance(value, chainer.Variable):
-            value = value.array
-        weight = weights.get(key) or float(counter.examples)
-        local[key] = (float(value), weight)
+    local = {
+        key: (_as_float(value), weights.get(key) or float(counter.examples))
+        for key, value in local_means.items()
+    }
     return combine_rank_means(comm.allgather_obj(local))
+
+
+def _as_float(value: Any) -> float:
+    """A reported scalar (Variable, numpy/CuPy 0-d array, Python number) as a float."""
+    if isinstance(value, chainer.Variable):
+        value = value.array
+    return float(value)
 
 
 def create_multi_node_evaluator(actual_evaluator: Any, communicator: CommunicatorBase) -> Any:
