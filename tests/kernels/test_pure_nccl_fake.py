@@ -164,3 +164,47 @@ def test_pure_nccl_logic_on_fake_devices(ranks: int) -> None:
     assert len(expected) > 30, run.output
     for r in range(1, ranks):
         assert [ln for ln in run.rank_lines(r) if ln.startswith("CHECK")] == expected, run.output
+
+
+HANG = r"""
+import sys, time, types
+sys.path.insert(0, FAKE)
+import numpy as np
+import cupy
+from mnify.runtime.kernels import host
+
+shim = types.ModuleType("mnify.runtime.kernels.device")
+shim.pack, shim.unpack = host.pack, host.unpack
+sys.modules["mnify.runtime.kernels.device"] = shim
+from mnify.runtime.communicators import create_communicator
+
+class P:
+    def __init__(self, g):
+        self.data, self.grad = g.copy(), g
+
+class M:
+    def namedparams(self):
+        return iter([("w", P(cupy.ones(1000, np.float32)))])
+
+comm = create_communicator("pure_nccl")
+comm.multi_node_mean_grad(M())
+print("first average done", flush=True)
+if comm.rank == 1:
+    time.sleep(60)  # never joins the second average
+    print("rank 1 woke up", flush=True)
+else:
+    comm.multi_node_mean_grad(M())
+    print("rank 0 returned", flush=True)
+"""
+
+
+def test_watchdog_names_the_rank_that_never_queued_its_nccl_call() -> None:
+    # NCCL calls return at once and the GPU waits; the fake returns after 0.3 s with the
+    # reduction still queued, so only pure_nccl's own wait (under the watchdog) can notice.
+    env = {"MNIFY_WATCHDOG_TIMEOUT": "2", "FAKE_NCCL_ENQUEUE_S": "0.3"}
+    run = run_ranks(2, f"FAKE = {str(FAKE)!r}\n" + HANG, timeout=90, env=env, check=False)
+    assert not run.timed_out and run.returncode != 0, run.output
+    assert run.output.count("first average done") == 2, run.output
+    assert "collective multi_node_mean_grad" in run.output, run.output
+    assert "timed out after 2 s on rank 0: rank(s) 1 never arrived" in run.output, run.output
+    assert "rank 0 returned" not in run.output and "rank 1 woke up" not in run.output

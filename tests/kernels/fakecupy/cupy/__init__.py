@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 import types
 from typing import Any
 
@@ -139,24 +140,48 @@ class Stream:
         return None
 
     def synchronize(self) -> None:
-        return None
+        event = Event()
+        event.record(self)
+        event.synchronize()
 
     def wait_event(self, event: Any) -> None:
-        assert event.done, "waits only on recorded events"
+        assert event.done, "the fake runs every stream in order; nothing can be outstanding"
 
 
 _DEFAULT_STREAM = Stream()
 
 
+class _InFlight:
+    """An all-reduce the fake could not finish before returning (a peer never came): like a
+    kernel still queued on the GPU, it completes when its MPI request does."""
+
+    def __init__(self, request: Any, finish: Any) -> None:
+        self.request, self.finish, self.complete = request, finish, False
+
+    def progress(self) -> bool:
+        if not self.complete and self.request.Test():
+            self.finish()
+            self.complete = True
+        return self.complete
+
+
+_in_flight: list[_InFlight] = []
+
+
 class Event:
     def __init__(self, block: bool = False, disable_timing: bool = False) -> None:
-        self.done = False
+        self._waits_for: list[_InFlight] = []
 
     def record(self, stream: Any = None) -> None:
-        self.done = True
+        self._waits_for = [op for op in _in_flight if not op.complete]
+
+    @property
+    def done(self) -> bool:
+        return all(op.progress() for op in self._waits_for)
 
     def synchronize(self) -> None:
-        return None
+        while not self.done:
+            time.sleep(1e-3)
 
 
 def _get_elapsed_time(start: Event, stop: Event) -> float:
@@ -214,8 +239,21 @@ class NcclCommunicator:
         recv = _view(recvbuf, count, datatype)
         wide = send.astype(np.float64) if send.dtype == np.float16 else send.copy()
         out = np.empty_like(wide)
-        self._comm.Allreduce(wide, out, self._ops[op])
-        recv[...] = out.astype(recv.dtype)
+        request = self._comm.Iallreduce(wide, out, self._ops[op])
+
+        def finish() -> None:
+            recv[...] = out.astype(recv.dtype)
+
+        # Finish within FAKE_NCCL_ENQUEUE_S (default: wait for ever, so data is ready for the
+        # host-side unpack); past it, return with the reduction "still queued", as NCCL does.
+        op_ = _InFlight(request, finish)
+        limit = float(os.environ.get("FAKE_NCCL_ENQUEUE_S", "0")) or None
+        start = time.monotonic()
+        while not op_.progress():
+            if limit is not None and time.monotonic() - start > limit:
+                _in_flight.append(op_)
+                return
+            time.sleep(1e-4)
 
     def bcast(self, buff: int, count: int, datatype: int, root: int, stream: int) -> None:
         NcclCommunicator.calls.append(f"bcast:{datatype}:{count}")
