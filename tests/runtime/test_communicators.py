@@ -24,7 +24,7 @@ def _assert_done(run, n: int, names: list[str], suffix: str = "") -> None:  # ty
             assert f"DONE {name}{suffix}" in lines, f"rank {r} did not finish {name}\n{run.output}"
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [1, 2, 3])
 def test_every_collective_matches_numpy(n: int) -> None:
     names = ["naive", "flat", "hierarchical", "auto", "flat/small"]
     run = run_ranks(n, SCRIPTS / "collectives.py", names, timeout=180)

@@ -1,0 +1,132 @@
+"""Single-process pieces of the communicators: bucket plans, topology, debug messages, env knobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mnify.runtime import debug, watchdog
+from mnify.runtime.communicators.buckets import BucketPlan, PlanCache
+from mnify.runtime.communicators.topology import Topology
+from mnify.runtime.debug import CallSignature
+
+
+def _covered(plan: BucketPlan, sizes: list[int]) -> list[list[tuple[int, int]]]:
+    """Per array, the (lo, hi) pieces the plan reduces, in order."""
+    seen: list[list[tuple[int, int]]] = [[] for _ in sizes]
+    for bucket in plan.buckets:
+        for index, lo, hi in bucket:
+            seen[index].append((lo, hi))
+    return seen
+
+
+@pytest.mark.parametrize("bucket_floats", [1, 4, 16, 100, 10_000])
+def test_bucket_plan_covers_every_element_once_within_bucket_size(bucket_floats: int) -> None:
+    sizes = [3, 40, 0, 1, 17, 8, 8, 100, 2]
+    plan = BucketPlan.build(sizes, np.dtype(np.float32), bucket_floats * 4)
+    for bucket in plan.buckets:
+        assert sum(hi - lo for _, lo, hi in bucket) <= bucket_floats
+    for size, pieces in zip(sizes, _covered(plan, sizes), strict=True):
+        covered = sorted(pieces)
+        assert sum(hi - lo for lo, hi in covered) == size
+        if size:
+            assert covered[0][0] == 0 and covered[-1][1] == size
+            assert all(a[1] == b[0] for a, b in zip(covered, covered[1:], strict=False))
+    assert plan.buffer.size == max(sum(hi - lo for _, lo, hi in b) for b in plan.buckets)
+
+
+def test_large_arrays_get_buckets_of_their_own_small_ones_are_packed() -> None:
+    plan = BucketPlan.build([10, 30, 3, 25, 4], np.dtype(np.float64), 20 * 8)
+    by_array = {}
+    for bucket in plan.buckets:
+        arrays = {i for i, _, _ in bucket}
+        for i in arrays:
+            by_array.setdefault(i, []).append(arrays)
+    # 10, 30 and 25 floats are at least half a 20-float bucket: alone in theirs, split evenly
+    for i in (0, 1, 3):
+        assert all(group == {i} for group in by_array[i])
+    assert [hi - lo for b in plan.buckets for j, lo, hi in b if j == 1] == [15, 15]
+    # 3 and 4 share one packed bucket
+    assert {2, 4} in [set(i for i, _, _ in b) for b in plan.buckets]
+
+
+def test_plan_run_reduces_scales_and_casts() -> None:
+    arrays = [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.arange(5, dtype=np.float16),
+        np.arange(40, dtype=np.float32),
+    ]
+    want = [a.astype(np.float64) * 3 * 0.5 for a in arrays]
+    plan = BucketPlan.build([a.size for a in arrays], np.dtype(np.float32), 16 * 4)
+    flats = [a.reshape(-1) for a in arrays]
+    calls: list[int] = []
+
+    def triple(buf: np.ndarray) -> None:  # stands in for an allreduce over 3 equal ranks
+        calls.append(buf.size)
+        buf *= 3
+
+    plan.run(flats, triple, scale=0.5)
+    for got, expect in zip(arrays, want, strict=True):
+        np.testing.assert_allclose(got.astype(np.float64), expect, rtol=1e-3)
+    assert len(calls) == len(plan.buckets) and all(c <= 16 for c in calls)
+
+
+def test_plan_cache_reuses_plans_and_buffers_per_layout() -> None:
+    cache = PlanCache(keep=2)
+    a = [np.zeros((2, 3), np.float32), np.zeros(5, np.float32)]
+    first = cache.get(a, np.dtype(np.float32), 1 << 20)
+    assert cache.get([x.copy() for x in a], np.dtype(np.float32), 1 << 20) is first
+    assert cache.get(a, np.dtype(np.float16), 1 << 20) is not first
+    cache.get([np.zeros(7, np.float32)], np.dtype(np.float32), 1 << 20)
+    # keep=2: the least recently used layout was dropped
+    assert cache.get(a, np.dtype(np.float32), 1 << 20) is not first
+
+
+def test_topology_groups_ranks_by_host_in_order_of_lowest_rank() -> None:
+    names = ["b", "a", "b", "c", "a", "b"]
+    views = [Topology.from_names(r, names) for r in range(len(names))]
+    assert [t.inter_rank for t in views] == [0, 1, 0, 2, 1, 0]
+    assert [t.intra_rank for t in views] == [0, 0, 1, 0, 1, 2]
+    assert [t.intra_size for t in views] == [3, 2, 3, 1, 2, 3]
+    assert all(t.inter_size == 3 for t in views)
+    assert views[0].spans_hosts_with_several_ranks
+    assert not Topology.from_names(0, ["x", "y"]).spans_hosts_with_several_ranks
+    assert not Topology.from_names(1, ["x", "x"]).spans_hosts_with_several_ranks
+
+
+def test_debug_messages_name_ranks_and_what_they_passed() -> None:
+    a = np.zeros((4, 3), np.float32)
+    b = np.zeros((5, 3), np.float32)
+    sigs = [CallSignature.of("allreduce", [a]), CallSignature.of("allreduce", [b])]
+    assert debug.mismatch_message(sigs) == (
+        "allreduce: rank 0 passed float32(4,3), rank 1 passed float32(5,3)"
+    )
+    sigs = [CallSignature.of("allreduce", [a])] * 3 + [CallSignature("bcast", root=0)]
+    assert debug.mismatch_message(sigs) == (
+        "ranks entered different collectives: ranks 0-2 entered allreduce, rank 3 entered bcast"
+    )
+    # gathers may differ in shape but not in dtype
+    g = [CallSignature.of("allgather", [a]), CallSignature.of("allgather", [b])]
+    assert debug.mismatch_message(g) is None
+    g.append(CallSignature.of("allgather", [b.astype(np.float16)]))
+    message = debug.mismatch_message(g)
+    assert message is not None and "rank 2 passed float16(5,3)" in message
+    roots = [CallSignature("bcast", root=0), CallSignature("bcast", root=1)]
+    assert debug.mismatch_message(roots) == (
+        "bcast: rank 0 passed no arrays (root=0), rank 1 passed no arrays (root=1)"
+    )
+
+
+def test_env_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(watchdog.ENV, raising=False)
+    assert watchdog.timeout_from_env() is None
+    monkeypatch.setenv(watchdog.ENV, "2.5")
+    assert watchdog.timeout_from_env() == 2.5
+    monkeypatch.setenv(watchdog.ENV, "0")
+    assert watchdog.timeout_from_env() is None
+    monkeypatch.setenv(watchdog.ENV, "soon")
+    with pytest.raises(ValueError, match="MNIFY_WATCHDOG_TIMEOUT"):
+        watchdog.timeout_from_env()
+    for value, on in (("1", True), ("yes", True), ("0", False), ("", False), ("off", False)):
+        monkeypatch.setenv(debug.ENV, value)
+        assert debug.enabled() is on
