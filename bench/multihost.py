@@ -1,0 +1,129 @@
+"""Hierarchical against flat and naive gradient averaging across hosts with a limited link.
+
+Run (root; builds and always removes its own test bed)::
+
+    .venv/bin/python bench/multihost.py [--rate 1gbit] [--reps 5] [--slots 2 2]
+
+Two hosts (network namespaces on a bridge, see docs/testbed.md) with two ranks each; every
+host's cable is limited to ``--rate`` in both directions with ``tc tbf``. Each rank holds
+ResNet-50's gradient set (161 float32 arrays, 25.5 M floats, from bench/allreduce.py) and calls
+``multi_node_mean_grad`` of mnify's ``naive``, ``flat`` and ``hierarchical`` communicators,
+interleaved round-robin so load on a shared machine hits every method alike. A rep's time is the
+slowest rank's; the table shows each method's best and median rep (load from other processes
+only ever adds time, so the best rep is the stable figure) and the bytes each host put on its
+cable per call, read from the host's own interface counters. Goal: hierarchical >= 1.3x faster
+than flat. Not a test: it prints, it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+METHODS = ("naive", "flat", "hierarchical")
+GOAL = 1.3
+
+
+def host_bytes_sent() -> int:
+    """Bytes this host has sent: its eth0 counter (the worker runs inside the host's namespace)."""
+    return int(Path("/sys/class/net/eth0/statistics/tx_bytes").read_text())
+
+
+def worker(reps: int) -> None:
+    """One rank: time every method ``reps`` times; rank 0 prints the results as one JSON line."""
+    import numpy as np
+    from allreduce import GradSet, resnet50_shapes
+    from mpi4py import MPI
+
+    from mnify.runtime.communicators import create_communicator
+
+    world = MPI.COMM_WORLD
+    shapes = resnet50_shapes()
+    comms = {name: create_communicator(name) for name in METHODS}
+    models = {name: GradSet(shapes, world.Get_rank()) for name in METHODS}
+    leader = comms["flat"].intra_rank == 0
+    times: dict[str, list[float]] = {name: [] for name in METHODS}
+    sent: dict[str, list[int]] = {name: [] for name in METHODS}
+
+    def once(name: str) -> tuple[float, int]:
+        world.Barrier()
+        before = host_bytes_sent() if leader else 0
+        start = time.perf_counter()
+        comms[name].multi_node_mean_grad(models[name])
+        took = time.perf_counter() - start
+        world.Barrier()
+        host_sent = host_bytes_sent() - before if leader else 0
+        return float(world.allreduce(took, op=MPI.MAX)), host_sent
+
+    for name in METHODS:  # warm-up: connections, bucket plans, buffers
+        once(name)
+    for _ in range(reps):
+        for name in METHODS:
+            took, host_sent = once(name)
+            times[name].append(took)
+            sent[name].append(host_sent)
+    per_host = world.gather((comms["flat"].host_name, sent) if leader else None, root=0)
+    if world.Get_rank() == 0:
+        floats = sum(int(np.prod(s)) for _, s in shapes)
+        hosts = {h: {m: int(np.median(v)) for m, v in s.items()} for h, s in filter(None, per_host)}
+        result = {"arrays": len(shapes), "floats": floats, "times": times, "bytes": hosts}
+        print("BENCH " + json.dumps(result), flush=True)
+    for comm in comms.values():
+        comm.finalize()
+
+
+def drive(rate: str, reps: int, slots: list[int]) -> None:
+    from tests.support.testbed import testbed
+
+    with testbed(len(slots)) as bed:
+        if rate != "none":
+            bed.limit_rate(rate)
+        run = bed.run(
+            slots, Path(__file__), ["--worker", "--reps", str(reps)], timeout=60 + reps * 120
+        )
+    lines = [line for line in run.rank_lines(0) if line.startswith("BENCH ")]
+    if not lines:
+        raise SystemExit(f"no result from rank 0\n{run.describe()}")
+    result = json.loads(lines[0][len("BENCH ") :])
+    best = {m: min(result["times"][m]) for m in METHODS}
+    median = {m: sorted(result["times"][m])[len(result["times"][m]) // 2] for m in METHODS}
+    hosts = sorted(result["bytes"])
+    print(
+        f"ResNet-50 gradients: {result['arrays']} float32 arrays, {result['floats']:,} floats "
+        f"({result['floats'] * 4 / 1e6:.1f} MB); hosts {', '.join(hosts)} with slots "
+        f"{slots}; links limited to {rate} each way; best and median of {reps} reps"
+    )
+    header = f"{'method':<14}{'best s':>9}{'median s':>10}{'hier faster':>13}"
+    header += "".join(f"{'MB sent ' + h:>14}" for h in hosts)
+    print(header)
+    for m in METHODS:
+        row = f"{m:<14}{best[m]:9.3f}{median[m]:10.3f}{best[m] / best['hierarchical']:12.2f}x"
+        row += "".join(f"{result['bytes'][h][m] / 1e6:14.1f}" for h in hosts)
+        print(row)
+    speedup = best["flat"] / best["hierarchical"]
+    verdict = "met" if speedup >= GOAL else "MISSED"
+    print(f"goal: hierarchical >= {GOAL}x faster than flat: {speedup:.2f}x ({verdict})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rate", default="1gbit", help="tc rate per link and direction, or none")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--slots", type=int, nargs="+", default=[2, 2], help="ranks per host")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.reps)
+    else:
+        drive(args.rate, args.reps, args.slots)
+
+
+if __name__ == "__main__":
+    main()
