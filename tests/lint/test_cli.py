@@ -241,4 +241,6 @@ def test_non_utf8_file_is_an_error_with_position(tmp_path: Path) -> None:
     (tmp_path / "latin1.py").write_bytes(b"import chainer\nname = '\xe9t\xe9'\n")
     code, _, err = invoke("lint", str(tmp_path / "latin1.py"))
     assert code == 2
-    assert err.startswith(f"error: cannot lint {(tmp_path / 'latin1.py').as_posix()}: 2:9: not UTF-8")
+    assert err.startswith(
+        f"error: cannot lint {(tmp_path / 'latin1.py').as_posix()}: 2:9: not UTF-8"
+    )

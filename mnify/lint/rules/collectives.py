@@ -28,7 +28,9 @@ class CollectiveOnSomeRanks(Rule):
     from one) and the other branch of that ``if`` does not call the same collective (so the
     ``if comm.rank == 0: x = comm.bcast_obj(v) else: x = comm.bcast_obj(None)`` idiom is fine),
     or (b) it follows, in the same function or loop, a ``return``/``continue``/``break``/
-    ``sys.exit()`` taken inside such a rank-conditional branch."""
+    ``sys.exit()`` taken inside such a rank-conditional branch. A call of a function defined in
+    the same file (``helper(...)``, ``self.helper(...)``) counts as the collectives that
+    function performs, directly or through other local functions."""
 
     code = "MN301"
     name = "collective-on-some-ranks"
@@ -54,32 +56,62 @@ class CollectiveOnSomeRanks(Rule):
 
     def __init__(self, ctx: LintContext) -> None:
         super().__init__(ctx)
-        self._candidates: list[tuple[cst.Call, str, tuple[tuple[cst.If, str], ...]]] = []
+        # (call, key, enclosing rank branches, related node for an early exit, exit word)
+        self._candidates: list[
+            tuple[cst.Call, str, tuple[tuple[cst.If, str], ...], cst.CSTNode | None, str]
+        ] = []
         self._seen: dict[tuple[int, str], set[str]] = {}
+        self._functions: list[str] = []
+        self._direct: dict[str, str] = {}  # function name -> a collective it performs
+        self._calls: dict[str, set[str]] = {}  # function name -> local functions it calls
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._functions.append(node.name.value)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._functions.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
         ctx = self.ctx
         key = ctx.collective_key(node)
-        if key is None:
+        callee = None if key is not None else _local_callee(node)
+        if key is None and callee is None:
             return
+        if self._functions:
+            current = self._functions[-1]
+            if key is not None:
+                self._direct.setdefault(current, key)
+            elif callee is not None:
+                self._calls.setdefault(current, set()).add(callee)
+        effective = key if key is not None else f"{callee}()"
         branches = tuple(ctx.rank_branches[ctx.function_frame.rank_depth :])
         for if_node, attr in branches:
-            self._seen.setdefault((id(if_node), attr), set()).add(key)
+            self._seen.setdefault((id(if_node), attr), set()).add(effective)
         if branches:
-            self._candidates.append((node, key, branches))
+            self._candidates.append((node, effective, branches, None, ""))
             return
         exit_frame = ctx.divergent_exit()
         if exit_frame is not None and exit_frame.exit_if is not None:
-            what = _exit_word(exit_frame.exit_node)
-            self.report(
-                node,
-                f"`{key}` is reached only by the ranks that did not `{what}` under the rank "
-                "check at line {line}: the others never join it (deadlock)",
-                related=exit_frame.exit_if,
-            )
+            word = _exit_word(exit_frame.exit_node)
+            self._candidates.append((node, effective, (), exit_frame.exit_if, word))
 
     def finish(self) -> None:
-        for node, key, branches in self._candidates:
+        performs = self._collective_functions()
+        for node, key, branches, exit_if, word in self._candidates:
+            what = f"`{key}`"
+            if key.endswith("()"):
+                inner = performs.get(key[:-2])
+                if inner is None:
+                    continue  # a local function without collectives
+                what = f"`{key}` (which calls `{inner}`)"
+            if exit_if is not None:
+                self.report(
+                    node,
+                    f"{what} is reached only by the ranks that did not `{word}` under the rank "
+                    "check at line {line}: the others never join it (deadlock)",
+                    related=exit_if,
+                )
+                continue
             unbalanced = [
                 if_node
                 for if_node, attr in branches
@@ -88,10 +120,38 @@ class CollectiveOnSomeRanks(Rule):
             if unbalanced:
                 self.report(
                     node,
-                    f"`{key}` runs only on the ranks that take the rank check at line {{line}}; "
+                    f"{what} runs only on the ranks that take the rank check at line {{line}}; "
                     "the other ranks never join it (deadlock)",
                     related=unbalanced[-1],
                 )
+
+    def _collective_functions(self) -> dict[str, str]:
+        """Functions of this file that perform a collective, directly or through other local
+        functions (transitively), mapped to one collective they perform."""
+        performs = dict(self._direct)
+        changed = True
+        while changed:
+            changed = False
+            for function, callees in self._calls.items():
+                if function in performs:
+                    continue
+                for callee in sorted(callees):
+                    if callee in performs:
+                        performs[function] = performs[callee]
+                        changed = True
+                        break
+        return performs
+
+
+def _local_callee(call: cst.Call) -> str | None:
+    """``helper(...)`` or ``self.helper(...)``: a call that may reach a function of this file."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+        if func.value.value in ("self", "cls"):
+            return func.attr.value
+    return None
 
 
 def _exit_word(node: cst.CSTNode | None) -> str:
