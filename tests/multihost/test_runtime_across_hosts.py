@@ -1,9 +1,9 @@
 """The runtime on ranks spread over several real hosts (the test bed), not faked host names.
 
 One launch per layout runs topology, gradient averaging of every CPU communicator and
-scatter_dataset (``scripts/across_hosts.py``); the Chainer engineer's parity and
-MultiNodeBatchNormalization rank scripts then run unchanged on the hierarchical communicator
-across hosts, and the communicator engineer's collective checks run on real hosts.
+scatter_dataset (``scripts/across_hosts.py``); the Chainer layer's rank scripts (parity, MNBN,
+evaluator, datasets, checkpointer) then run unchanged on the hierarchical communicator across
+hosts, and the communicator engineer's collective checks run on real hosts.
 """
 
 from __future__ import annotations
@@ -53,18 +53,31 @@ def test_topology_averaging_and_scatter_across_hosts(bed3: TestBed, slots: list[
     assert len({tuple(s) for s in shares}) == n  # each rank its own share  # type: ignore[arg-type]
 
 
-def test_chainer_parity_and_mnbn_on_hierarchical_across_hosts(bed3: TestBed) -> None:
-    """Data-parallel training equals one process on the whole batch, with the gradients,
-    the first broadcast and the batch-norm statistics all crossing host links (2 hosts x 2)."""
-    scripts = RUNTIME_TESTS / "chainer_scripts"
-    for script in ("parity_checks.py", "mnbn_checks.py"):
-        checks = _checks_of(scripts / script)
-        run = bed3.run(
-            [2, 2], scripts / script, env={"MNIFY_TEST_COMM": "hierarchical"}, timeout=240
-        )
-        for r in range(4):
-            passed = {line[5:] for line in run.rank_lines(r) if line.startswith("PASS ")}
-            assert set(checks) <= passed, f"rank {r}: {set(checks) - passed}\n{run.describe()}"
+CHAINER_SCRIPTS = [
+    ("parity_checks.py", [2, 2]),
+    ("mnbn_checks.py", [2, 2]),
+    ("evaluator_checks.py", [2, 1, 1]),
+    ("dataset_checks.py", [2, 1, 1]),
+    ("checkpoint_checks.py", [2, 1, 1]),
+]
+
+
+@pytest.mark.parametrize(
+    ("script", "slots"), CHAINER_SCRIPTS, ids=[s.split("_")[0] for s, _ in CHAINER_SCRIPTS]
+)
+def test_chainer_layer_on_hierarchical_across_hosts(
+    bed3: TestBed, script: str, slots: list[int]
+) -> None:
+    """The Chainer engineer's rank scripts, unchanged, on the hierarchical communicator with
+    ranks on real hosts: data-parallel training equals one process on the whole batch (the
+    first broadcast, gradients and batch-norm statistics crossing host links), the evaluator's
+    weighted means, scatter_dataset's shares and the checkpointer agree with one host."""
+    path = RUNTIME_TESTS / "chainer_scripts" / script
+    checks = _checks_of(path)
+    run = bed3.run(slots, path, env={"MNIFY_TEST_COMM": "hierarchical"}, timeout=240)
+    for r in range(sum(slots)):
+        passed = {line[5:] for line in run.rank_lines(r) if line.startswith("PASS ")}
+        assert set(checks) <= passed, f"rank {r}: {set(checks) - passed}\n{run.describe()}"
 
 
 def _checks_of(script: Path) -> list[str]:
