@@ -51,3 +51,11 @@ def test_fake_hosts_hierarchical_and_flat(hosts: str, debug_and_watchdog: bool) 
     if not debug_and_watchdog:
         # auto picks hierarchical when hosts hold several ranks
         assert all("CLASS auto/small hierarchical" in run.rank_lines(r) for r in range(n))
+
+
+def test_device_arrays_are_staged_through_the_host_and_come_back_as_device_arrays() -> None:
+    """CuPy arrays, with a host-memory stand-in for CuPy (no GPU here): results come back in
+    the caller's array module and in-place operations reach the device arrays."""
+    names = ["naive", "flat", "hierarchical"]
+    run = run_ranks(3, SCRIPTS / "staging.py", names, timeout=120)
+    _assert_done(run, 3, names)

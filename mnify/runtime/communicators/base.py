@@ -294,7 +294,7 @@ class CommunicatorBase:
     def all_reduce(self, arrays: list[Any], division: bool = False) -> None:
         """Sum each array of ``arrays`` over ranks, in place; divided by size if ``division``."""
         arrays = list(arrays)
-        self._enter(CallSignature.of("all_reduce", [arr.to_host(a) for a in arrays]))
+        self._enter(CallSignature.of("all_reduce", arrays))
         self._reduce_staged(arrays, 1.0 / self.size if division else 1.0)
 
     def multi_node_mean_grad(self, model: Any, zero_fill: bool = False) -> None:
@@ -313,7 +313,7 @@ class CommunicatorBase:
             names.append(name)
             grads.append(param.grad)
         self._enter(
-            CallSignature.of("multi_node_mean_grad", [arr.to_host(g) for g in grads], names=names)
+            CallSignature.of("multi_node_mean_grad", grads, names=names)
             if self._debug
             else CallSignature("multi_node_mean_grad")
         )
@@ -346,14 +346,18 @@ class CommunicatorBase:
         """
         named = [(n, p.data) for n, p in _params(model) if getattr(p, "data", None) is not None]
         arrays = [d for _, d in named]
-        hosts = [arr.to_host(a) for a in arrays]
-        self._enter(CallSignature.of("bcast_data", hosts, root=root, names=[n for n, _ in named]))
-        if not hosts:
+        self._enter(CallSignature.of("bcast_data", arrays, root=root, names=[n for n, _ in named]))
+        if not arrays:
             return
+        is_root = self.rank == root
+        # device arrays: download on root only; elsewhere they are overwritten anyway
+        hosts = [
+            arr.to_host(a) if is_root or not arr.is_cupy(a) else np.empty(a.shape, a.dtype)
+            for a in arrays
+        ]
         flats, flush = arr.contiguous_views(hosts)
         raw = [f.view(np.uint8) for f in flats]
         plan = self._plans.get(raw, np.dtype(np.uint8), self.bucket_bytes, tag="bcast")
-        is_root = self.rank == root
         for views, buf in plan.pieces(raw):
             if len(views) == 1:  # a large array: straight from/into its own memory
                 self._mpi(self.mpi_comm, "Bcast", [views[0], MPI.BYTE], root=root)
