@@ -73,7 +73,7 @@ def test_success_on_three_ranks_with_rank_tags() -> None:
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_same_error_on_every_rank_collapses_into_one_traceback(n: int) -> None:
-    proc = mnify_run("-n", str(n), str(SCRIPT), "raise_all", grace=3)
+    proc = mnify_run("-n", str(n), str(SCRIPT), "raise_all", grace=2)
     err = proc.stderr
     assert proc.returncode != 0, err
     assert err.count(TRACEBACK) == 1, err

@@ -68,7 +68,7 @@ elif scenario == "handled":
             {}["missing"]
         except KeyError:
             traceback.print_exc()
-        time.sleep(1.5)
+        time.sleep(1.0)
     comm.barrier()
     print(f"done {comm.rank}")
 else:
