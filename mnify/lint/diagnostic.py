@@ -5,22 +5,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Diagnostic:
     """One finding. Lines and columns are 1-based; ``end_col`` is exclusive (as in ruff's JSON).
 
-    Field order makes the natural sort order ``path, line, col`` (then code), which is the order
-    every output format prints in. ``fixable`` says whether ``mnify convert`` removes the hazard.
+    Diagnostics sort by ``path, line, col`` (then code and message), the order every output
+    format prints in. ``fixable`` says whether ``mnify convert`` removes the hazard.
     """
 
+    code: str
+    message: str
     path: str
     line: int
     col: int
-    code: str
-    message: str
     end_line: int
     end_col: int
     fixable: bool
+
+    def sort_key(self) -> tuple[str, int, int, str, str]:
+        return (self.path, self.line, self.col, self.code, self.message)
+
+    def __lt__(self, other: Diagnostic) -> bool:
+        return self.sort_key() < other.sort_key()
 
 
 class LintSyntaxError(Exception):

@@ -72,3 +72,12 @@ def test_lint_wrapper_reuses_metadata_the_caller_resolved(monkeypatch: pytest.Mo
 def test_clean_and_non_training_files_have_no_findings() -> None:
     assert lint_source("import os\nos.system('ls')\n", "tool.py") == []
     assert lint_source("", "empty.py") == []
+
+
+def test_diagnostic_fields_in_contract_order_and_sorting() -> None:
+    fields = list(Diagnostic.__dataclass_fields__)
+    assert fields == ["code", "message", "path", "line", "col", "end_line", "end_col", "fixable"]
+    late = Diagnostic("MN101", "m", "a.py", 2, 1, 2, 5, False)
+    early = Diagnostic("MN999", "m", "a.py", 1, 9, 1, 12, True)
+    other = Diagnostic("MN100", "m", "b.py", 1, 1, 1, 2, False)
+    assert sorted([other, late, early]) == [early, late, other]
