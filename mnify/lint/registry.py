@@ -1,6 +1,7 @@
 """Every rule, in code order, and the ruff-style selection of which ones run.
 
-Selectors are ``ALL``, a code prefix (``MN``, ``MN3``, ``MN30``) or a full code. A rule runs when
+Selectors are ``ALL``, a code prefix (``MN``, ``MN3``, ``MN30``) or a full code (``MN8xx`` belong
+to ``mnify convert``'s report and select no lint rule). A rule runs when
 the most specific selector that matches it comes from ``select``/``extend-select`` rather than
 ``ignore`` (on a tie, ``ignore`` wins). Without ``select`` the default set is every rule whose
 ``default_enabled`` is true; information rules (MN9xx) run only when a selector names them.
@@ -64,6 +65,9 @@ ALL_RULES: tuple[type[Rule], ...] = tuple(
 )
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}
 _SELECTOR = re.compile(r"^(ALL|MN[0-9]{0,3})$")
+# MN8xx are `mnify convert`'s report codes: accepted (a shared [tool.mnify] may name them) and
+# matching no lint rule.
+_CONVERT = "MN8"
 
 
 class SelectorError(ValueError):
@@ -87,9 +91,8 @@ def split_selectors(values: Iterable[str] | None) -> list[str]:
             selector = part.strip().upper()
             if not selector:
                 continue
-            if not _SELECTOR.match(selector) or not any(
-                _matches(selector, rule.code) for rule in ALL_RULES
-            ):
+            known = any(_matches(selector, rule.code) for rule in ALL_RULES)
+            if not _SELECTOR.match(selector) or not (known or selector.startswith(_CONVERT)):
                 raise SelectorError(f"unknown rule selector '{part.strip()}'")
             result.append(selector)
     return result

@@ -63,7 +63,8 @@ def test_selection_semantics() -> None:
     assert chosen(select=["mn101,MN102"]) == ["MN101", "MN102"]
     assert chosen(extend_select=["MN901"]) == default + ["MN901"]
     assert chosen(ignore=["ALL"]) == []
-    for bad in (["MN999"], ["XX1"], ["MN1x"]):
+    assert chosen(ignore=["MN806"]) == default  # convert's report codes are accepted
+    for bad in (["MN999"], ["XX1"], ["MN1x"], ["MN1011"]):
         with pytest.raises(SelectorError):
             chosen(select=bad)
 
