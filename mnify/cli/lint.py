@@ -41,6 +41,11 @@ def _selectors(values: tuple[str, ...], option: str) -> list[str]:
 )
 @click.option("--statistics", is_flag=True, help="Print the number of findings per rule instead.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
+@click.option(
+    "--stdin-filename",
+    default=None,
+    help="Name shown (and used to find the config) for source read from stdin (PATH '-').",
+)
 def lint(
     paths: tuple[Path, ...],
     select: tuple[str, ...],
@@ -49,12 +54,15 @@ def lint(
     output_format: str,
     statistics: bool,
     exit_zero: bool,
+    stdin_filename: str | None,
 ) -> None:
-    """Report distributed-training hazards in PATHS (files, or directories searched for *.py)."""
+    """Report distributed-training hazards in PATHS (files, directories searched for *.py, or
+    '-' for standard input)."""
     chosen = _selectors(select, "--select") if select else None
     ignored = _selectors(ignore, "--ignore")
     extended = _selectors(extend_select, "--extend-select")
-    targets = list(paths) or [Path(".")]
+    read_stdin = Path("-") in paths
+    targets = [p for p in paths if p != Path("-")] or ([] if read_stdin else [Path(".")])
     missing = [p for p in targets if not p.exists()]
     for path in missing:
         click.echo(f"error: cannot lint {path.as_posix()}: no such file or directory", err=True)
@@ -64,6 +72,8 @@ def lint(
             select=chosen,
             ignore=ignored,
             extend_select=extended,
+            stdin=sys.stdin.buffer.read() if read_stdin else None,
+            stdin_filename=stdin_filename or "-",
         )
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)

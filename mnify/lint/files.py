@@ -4,7 +4,7 @@ lint every file and collect per-file errors instead of stopping at the first."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,53 +55,69 @@ def lint_paths(
     select: Sequence[str] | None = None,
     ignore: Sequence[str] = (),
     extend_select: Sequence[str] = (),
+    stdin: bytes | None = None,
+    stdin_filename: str = "-",
 ) -> LintResult:
-    """Lint ``paths``. A command-line ``select`` replaces the config's selection (its
-    ``select``, ``extend-select`` and ``ignore``; ``per-file-ignores`` still apply); otherwise
-    the command line's ``ignore``/``extend_select`` extend the config's."""
+    """Lint ``paths`` (and ``stdin``, shown and configured as ``stdin_filename``, when given).
+
+    A command-line ``select`` replaces the config's selection (its ``select``,
+    ``extend-select`` and ``ignore``; ``per-file-ignores`` still apply); otherwise the command
+    line's ``ignore``/``extend_select`` extend the config's."""
     finder = ConfigFinder()
     result = LintResult()
+    options = (select, tuple(ignore), tuple(extend_select))
+    if stdin is not None:
+        _lint_one(result, finder, Path(stdin_filename), lambda: stdin, options)
     for path in discover(paths, finder):
-        shown = path.as_posix()
-        result.files += 1
-        config: LintConfig = finder.for_path(path)
-        chosen: Sequence[str] | None = select
-        ignored: tuple[str, ...] = config.per_file_ignores_for(path)
-        extended: tuple[str, ...] = ()
-        if select is None:
-            chosen, ignored, extended = (
-                config.select,
-                config.ignores_for(path),
-                config.extend_select,
-            )
-        try:
-            source = path.read_text(encoding="utf-8")
-            result.diagnostics.extend(
-                lint_source(
-                    source,
-                    shown,
-                    select=chosen,
-                    ignore=tuple(ignored) + tuple(ignore),
-                    extend_select=tuple(extended) + tuple(extend_select),
-                )
-            )
-        except LintSyntaxError as exc:
-            result.errors.append(f"error: cannot lint {shown}: {exc.line}:{exc.col}: {exc.reason}")
-        except UnicodeDecodeError as exc:
-            data = exc.object
-            line = data.count(b"\n", 0, exc.start) + 1
-            col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-            result.errors.append(
-                f"error: cannot lint {shown}: {line}:{col}: not UTF-8 ({exc.reason})"
-            )
-        except OSError as exc:
-            result.errors.append(f"error: cannot lint {shown}: {exc.strerror or exc}")
-        except SelectorError as exc:
-            where = config.source if config.source is not None else "command line"
-            raise ConfigError(f"{where}: {exc}") from exc
-        except Exception as exc:  # a rule bug must not hide the other files' results
-            result.errors.append(
-                f"error: cannot lint {shown}: internal error: {type(exc).__name__}: {exc}"
-            )
+        _lint_one(result, finder, path, path.read_bytes, options)
     result.diagnostics.sort()
     return result
+
+
+_Options = tuple[Sequence[str] | None, tuple[str, ...], tuple[str, ...]]
+
+
+def _lint_one(
+    result: LintResult,
+    finder: ConfigFinder,
+    path: Path,
+    read: Callable[[], bytes],
+    options: _Options,
+) -> None:
+    """Lint one file into ``result``; failures become ``error: cannot lint ...`` lines."""
+    select, ignore, extend_select = options
+    shown = path.as_posix()
+    result.files += 1
+    config: LintConfig = finder.for_path(path)
+    chosen: Sequence[str] | None = select
+    ignored: tuple[str, ...] = config.per_file_ignores_for(path)
+    extended: tuple[str, ...] = ()
+    if select is None:
+        chosen, ignored, extended = config.select, config.ignores_for(path), config.extend_select
+    try:
+        source = read().decode("utf-8")
+        result.diagnostics.extend(
+            lint_source(
+                source,
+                shown,
+                select=chosen,
+                ignore=ignored + ignore,
+                extend_select=extended + extend_select,
+            )
+        )
+    except LintSyntaxError as exc:
+        result.errors.append(f"error: cannot lint {shown}: {exc.line}:{exc.col}: {exc.reason}")
+    except UnicodeDecodeError as exc:
+        data = exc.object
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        result.errors.append(f"error: cannot lint {shown}: {line}:{col}: not UTF-8 ({exc.reason})")
+    except OSError as exc:
+        result.errors.append(f"error: cannot lint {shown}: {exc.strerror or exc}")
+    except SelectorError as exc:
+        where = config.source if config.source is not None else "command line"
+        raise ConfigError(f"{where}: {exc}") from exc
+    except Exception as exc:  # a rule bug must not hide the other files' results
+        result.errors.append(
+            f"error: cannot lint {shown}: internal error: {type(exc).__name__}: {exc}"
+        )

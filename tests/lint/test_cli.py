@@ -244,3 +244,11 @@ def test_non_utf8_file_is_an_error_with_position(tmp_path: Path) -> None:
     assert err.startswith(
         f"error: cannot lint {(tmp_path / 'latin1.py').as_posix()}: 2:9: not UTF-8"
     )
+
+
+def test_stdin(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["lint", "-", "--stdin-filename", "train.py"], input=DISTRIBUTED.encode()
+    )
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[0].startswith("train.py:5:16: MN401 ")
