@@ -161,13 +161,16 @@ class DoubleBufferingOptimizer(_WrapperBase):
         super().__init__(actual_optimizer, communicator, zero_fill)
         self._set_own("synced_signature", None)
         self._set_own("communicated_target", None)
-        self._set_own("stream", chainer.backends.cuda.Stream(non_blocking=True))
+        import cupy  # double buffering exists only with pure_nccl, hence with CuPy
+
+        self._set_own("cupy", cupy)
+        self._set_own("stream", cupy.cuda.Stream(non_blocking=True))
         self._set_own("has_pending_grads", False)
 
     def wait(self) -> None:
-        """Block until the side-stream averaging and the default stream are done."""
+        """Block until the side-stream averaging and the compute stream are done."""
         self.stream.synchronize()
-        chainer.backends.cuda.Stream.null.synchronize()
+        self.cupy.cuda.get_current_stream().synchronize()
 
     def update(self, lossfun: Any = None, *args: Any, **kwds: Any) -> None:
         target = self._target

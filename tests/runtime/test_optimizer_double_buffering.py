@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.runtime.chainer_scripts.launch import run_script
+
 
 class _CpuComm:
     name = "naive"
@@ -26,6 +28,15 @@ def test_double_buffering_needs_pure_nccl() -> None:
 
     with pytest.raises(ValueError, match="pure_nccl"):
         create_multi_node_optimizer(chainer.optimizers.SGD(), _CpuComm(), double_buffering=True)
+
+
+@pytest.mark.mpi
+def test_schedule_on_cpu_ranks_with_cupy_stand_in() -> None:
+    run_script(
+        2,
+        "double_buffering_checks.py",
+        ["double buffering applies averaged gradients one step late"],
+    )
 
 
 @pytest.fixture(scope="module")
