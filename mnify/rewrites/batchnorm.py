@@ -68,7 +68,7 @@ def plan(ctx: FileContext, external_bn: Callable[[str], bool]) -> None:
             )
             continue
         ctx.use_runtime()
-        ctx.plan.replace_node(call.node, _to_mnbn(mnbn, comm))
+        ctx.plan.replace_node(call.node, _to_mnbn(mnbn, comm), call.stmt)
         ctx.note(call.node, "batchnorm", "changed", f"BatchNormalization -> {mnbn}(..., comm)")
     _wrap_external_models(ctx, external_bn)
 

@@ -17,6 +17,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from mnify.rewrites.edits import EditPlan
 from mnify.rewrites.facts import CallFact, Facts
+from mnify.rewrites.lines import line_table
 from mnify.rewrites.options import ConvertOptions, Spelling
 from mnify.rewrites.report import ReportEntry, Severity
 
@@ -70,6 +71,7 @@ class FileContext:
     needs_comm_classes: dict[str, cst.ClassDef] = field(default_factory=dict)
     imports_needed: set[str] = field(default_factory=set)
     _positions: object | None = None
+    _lines: dict[int, int] | None = None
     _threaded_sites: set[int] = field(default_factory=set)
 
     @property
@@ -87,6 +89,16 @@ class FileContext:
 
     # positions, noqa, report ----------------------------------------------------------
     def line(self, node: cst.CSTNode) -> int:
+        """1-based line of a call or statement (``lines`` module; PositionProvider if unsure)."""
+        if self._lines is None:
+            self._lines = (
+                line_table(self.source, [c.node for c in self.facts.calls], self.facts.stmt_order)
+                or {}
+            )
+        key = node.body[0] if isinstance(node, cst.SimpleStatementLine) and node.body else node
+        found = self._lines.get(id(key))
+        if found is not None:
+            return found
         if self._positions is None:
             self._positions = self.wrapper.resolve(PositionProvider)
         pos = self._positions.get(node)  # type: ignore[attr-defined]
@@ -194,7 +206,7 @@ class FileContext:
                 )
             )
 
-        self.plan.replace_node(func, add)
+        self.plan.replace_node(func, add, func)
 
     def thread_calls(self, callees: dict[str, str]) -> bool:
         """Pass ``comm=`` at every call of a function/class that now takes ``comm``.
@@ -228,7 +240,7 @@ class FileContext:
                     "pass it by hand",
                 )
                 continue
-            self.plan.replace_node(call.node, _add_keyword("comm", comm))
+            self.plan.replace_node(call.node, _add_keyword("comm", comm), call.stmt)
             self.note(call.node, "threading", "changed", f"pass comm to {label}")
         return len(self.needs_comm_funcs) + len(self.needs_comm_classes) > before
 

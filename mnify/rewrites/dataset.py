@@ -98,7 +98,7 @@ def plan(ctx: FileContext) -> None:
             scatter = ctx.runtime.top("scatter_dataset")
             shuffle = ", shuffle=True" if train else ""
             value = f"{scatter}({ctx.code(arg.value)}, {comm}{shuffle})"
-            ctx.plan.replace_node(arg, _arg_value(value))
+            ctx.plan.replace_node(arg, _arg_value(value), call.stmt)
             ctx.note(call.node, "dataset", "changed", f"dataset scattered inline with {scatter}")
     for n, item in enumerate(work.values()):
         _plan_block(ctx, item, n)

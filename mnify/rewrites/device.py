@@ -89,7 +89,7 @@ def plan(ctx: FileContext) -> None:
                         "to_gpu() without a device puts every rank on GPU 0: pass comm.intra_rank",
                     )
                     continue
-                ctx.plan.replace_node(call.node, _with_first_arg(f"{comm}.intra_rank"))
+                ctx.plan.replace_node(call.node, _with_first_arg(f"{comm}.intra_rank"), call.stmt)
                 ctx.note(call.node, "device", "changed", "to_gpu() -> to_gpu(comm.intra_rank)")
             continue
         kind = _literal_gpu(arg.value)
@@ -105,7 +105,7 @@ def plan(ctx: FileContext) -> None:
                 )
                 continue
             value = f"{comm}.intra_rank" if kind == "int" else f"'@cupy:%d' % {comm}.intra_rank"
-            ctx.plan.replace_node(arg, _with_value(value))
+            ctx.plan.replace_node(arg, _with_value(value), call.stmt)
             ctx.note(
                 call.node,
                 "device",

@@ -170,9 +170,9 @@ def convert_sources(
         if not ctx.plan:
             result.output = ctx.source
             continue
-        new = ctx.module.visit(ApplyEdits(ctx.plan)).code
+        new = ctx.module.visit(ApplyEdits(ctx.plan, ctx.facts.parent_statement)).code
         try:
-            cst.parse_module(new)
+            # Python's own parser re-reads the output: what it rejects is never handed out.
             compile(new, path, "exec", dont_inherit=True)
         except Exception as exc:  # never hand out output that does not parse
             result.error = f"internal error, output does not parse: {parse_error(exc)}"

@@ -36,19 +36,24 @@ class EditPlan:
     before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     guard: dict[int, Guard] = field(default_factory=dict)
+    # statements holding an edit (None: somewhere unknown, so nothing may be skipped)
+    dirty: list[cst.BaseStatement | None] = field(default_factory=list)
     _keep: list[cst.CSTNode] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.replace or self.before or self.after or self.guard)
 
-    def replace_node(self, node: cst.CSTNode, fn: NodeFn) -> None:
+    def replace_node(self, node: cst.CSTNode, fn: NodeFn, within: cst.BaseStatement | None) -> None:
+        """Replace ``node`` (inside statement ``within``) by ``fn(updated node)``."""
         self._keep.append(node)
+        self.dirty.append(within)
         self.replace.setdefault(id(node), []).append(fn)
 
     def insert_before(
         self, stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement], *, first: bool = False
     ) -> None:
         self._keep.append(stmt)
+        self.dirty.append(stmt)
         current = self.before.setdefault(id(stmt), [])
         current[:] = [*new, *current] if first else [*current, *new]
 
@@ -57,6 +62,7 @@ class EditPlan:
     ) -> None:
         """Insert after ``stmt``; ``first`` puts ``new`` ahead of earlier insertions (imports)."""
         self._keep.append(stmt)
+        self.dirty.append(stmt)
         current = self.after.setdefault(id(stmt), [])
         current[:] = [*new, *current] if first else [*current, *new]
 
@@ -65,6 +71,7 @@ class EditPlan:
         if id(stmt) in self.guard:
             return False
         self._keep.append(stmt)
+        self.dirty.append(stmt)
         self.guard[id(stmt)] = guard
         return True
 
@@ -82,12 +89,36 @@ def rank0_test(comm: str) -> cst.BaseExpression:
 
 
 class ApplyEdits(cst.CSTTransformer):
-    """Applies an :class:`EditPlan` in one pass."""
+    """Applies an :class:`EditPlan` in one pass.
 
-    def __init__(self, plan: EditPlan) -> None:
+    ``parent_of`` maps a statement to the statement enclosing it; with it the pass skips every
+    statement that holds no edit (a transformer otherwise rebuilds the whole tree).
+    """
+
+    def __init__(
+        self,
+        plan: EditPlan,
+        parent_of: Callable[[cst.BaseStatement], cst.BaseStatement | None] | None = None,
+    ) -> None:
         super().__init__()
         self.plan = plan
         self._made: dict[int, Guard] = {}
+        self._open: set[int] | None = None
+        if parent_of is not None and None not in plan.dirty:
+            self._open = set()
+            for stmt in plan.dirty:
+                while stmt is not None and id(stmt) not in self._open:
+                    self._open.add(id(stmt))
+                    stmt = parent_of(stmt)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if (
+            self._open is not None
+            and isinstance(node, cst.BaseStatement)
+            and id(node) not in self._open
+        ):
+            return False  # nothing to change in here: keep the original subtree
+        return super().on_visit(node)
 
     def on_leave(  # type: ignore[override]
         self, original_node: cst.CSTNode, updated_node: cst.CSTNode

@@ -72,5 +72,5 @@ def plan(ctx: FileContext) -> None:
             )
             continue
         ctx.use_runtime()
-        ctx.plan.replace_node(call.node, wrap_call(wrap, comm))
+        ctx.plan.replace_node(call.node, wrap_call(wrap, comm), call.stmt)
         ctx.note(call.node, "evaluator", "changed", f"Evaluator -> {wrap}(..., comm)")

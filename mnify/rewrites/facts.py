@@ -71,6 +71,12 @@ class Facts:
     block_owner_stmt: dict[int, cst.BaseStatement] = field(default_factory=dict)
     under_rank0: set[int] = field(default_factory=set)  # statements already under rank == 0
     calls_by_stmt: dict[int, list[CallFact]] = field(default_factory=dict)
+    stmt_parent: dict[int, cst.BaseStatement | None] = field(default_factory=dict)
+    # statements (small ones for simple lines) and calls in visiting order, for line numbers
+    stmt_order: list[cst.CSTNode] = field(default_factory=list)
+
+    def parent_statement(self, stmt: cst.BaseStatement) -> cst.BaseStatement | None:
+        return self.stmt_parent.get(id(stmt))
 
     def calls_to(self, *predicates: str) -> list[CallFact]:
         return [c for c in self.calls if c.qname in predicates]
@@ -199,7 +205,12 @@ class FactCollector(cst.CSTVisitor):
 
     # statements ---------------------------------------------------------------------------
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self.facts.stmt_parent[id(node)] = self._stmts[-1] if self._stmts else None
+        self.facts.stmt_order.extend(node.body)
         self._stmts.append(node)
+
+    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
+        self.facts.stmt_order.extend(node.body)
 
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine) -> None:
         self._stmts.pop()
@@ -208,6 +219,8 @@ class FactCollector(cst.CSTVisitor):
         if self._rank0 and isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self.facts.under_rank0.add(id(node))
         if isinstance(node, cst.BaseCompoundStatement):
+            self.facts.stmt_parent[id(node)] = self._stmts[-1] if self._stmts else None
+            self.facts.stmt_order.append(node)
             self._stmts.append(node)
             if isinstance(node, cst.If) and _is_rank0_test(node.test):
                 self._rank0 += 1

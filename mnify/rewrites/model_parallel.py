@@ -100,7 +100,7 @@ def plan(ctx: FileContext) -> None:
                 orelse=node,
             )
 
-        ctx.plan.replace_node(call.node, fn)
+        ctx.plan.replace_node(call.node, fn, call.stmt)
         split += 1
         ctx.note(
             call.node,
@@ -147,7 +147,7 @@ def _plan_iterators(ctx: FileContext) -> None:
             ctx.note(call.node, "model-parallel", "needs-person", f"wrap this iterator with {wrap}")
             continue
         ctx.use_runtime()
-        ctx.plan.replace_node(call.node, wrap_call(wrap, comm))
+        ctx.plan.replace_node(call.node, wrap_call(wrap, comm), call.stmt)
         ctx.note(
             call.node,
             "model-parallel",

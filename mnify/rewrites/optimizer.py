@@ -44,7 +44,7 @@ def plan(ctx: FileContext) -> None:
             )
             continue
         ctx.use_runtime()
-        ctx.plan.replace_node(call.node, _wrap(wrap, comm))
+        ctx.plan.replace_node(call.node, _wrap(wrap, comm), call.stmt)
         ctx.note(
             call.node, "optimizer", "changed", f"{names.last(call.qname)} -> {wrap}(..., comm)"
         )

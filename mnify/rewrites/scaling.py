@@ -61,5 +61,5 @@ def plan(ctx: FileContext) -> None:
             assert isinstance(node, cst.Arg)
             return node.with_changes(value=cst.parse_expression(value))
 
-        ctx.plan.replace_node(arg, fn)
+        ctx.plan.replace_node(arg, fn, call.stmt)
         ctx.note(call.node, "scaling", "changed", f"per-rank batch = {batch} // {comm}.size")
