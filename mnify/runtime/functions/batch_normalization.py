@@ -1,8 +1,9 @@
 """Batch normalization over the ranks' batches together: the function behind MultiNodeBatchNormalization.
 
 Forward: each rank computes per-channel ``[count, sum, sum of squares]`` of its batch (the
-squares around its own batch mean, so float32 does not cancel), one allreduce adds them up, and every rank normalises with the mean and (biased) variance of all
-ranks' examples together. Because the statistics are sums weighted by counts, ranks may hold
+squares taken around its own batch mean, so float32 does not cancel), one allreduce adds them
+up, and every rank normalises with the mean and (biased) variance of all ranks' examples
+together. Because the statistics are sums weighted by counts, ranks may hold
 batches of different sizes (even empty ones): the result is exactly plain batch normalization
 of the concatenated batch. Running statistics are updated from the same global numbers on every
 rank, the variance with the unbiased ``N / (N - 1)`` correction over the global count ``N``.
