@@ -95,6 +95,14 @@ REPORTING_EXTENSION_NAMES = frozenset(
     }
 )
 DUMP_GRAPH_NAMES = frozenset({"DumpGraph", "dump_graph"})
+SAVE_FUNCTIONS = frozenset(
+    {
+        "chainer.serializers.save_npz",
+        "chainer.serializers.save_hdf5",
+        "chainer.serializers.npz.save_npz",
+        "chainer.serializers.hdf5.save_hdf5",
+    }
+)
 _EXTENSIONS_PREFIX = "chainer.training.extensions."
 
 # Calls that return a device object whose ``.use()`` makes it current.

@@ -29,7 +29,7 @@ from mnify.lint.rules.device import (
     DeviceSelectedTwice,
     GpuIdFromGlobalRank,
 )
-from mnify.lint.rules.extensions import UnguardedReportingExtension
+from mnify.lint.rules.extensions import FileSavedOnEveryRank, UnguardedReportingExtension
 from mnify.lint.rules.fork import (
     DumpGraphUnderMpi,
     ForkUnderMpi,
@@ -37,7 +37,7 @@ from mnify.lint.rules.fork import (
     MultiprocessIteratorWithoutForkserver,
     SubprocessUnderMpi,
 )
-from mnify.lint.rules.preview import GlobalBatchGrowsLearningRateUnchanged
+from mnify.lint.rules.preview import GlobalBatchGrowsLearningRateUnchanged, PrintOnEveryRank
 
 ALL_RULES: tuple[type[Rule], ...] = tuple(
     sorted(
@@ -53,12 +53,14 @@ ALL_RULES: tuple[type[Rule], ...] = tuple(
             CollectiveOnSomeRanks,
             DivergentWorkBeforeTimedCollective,
             UnguardedReportingExtension,
+            FileSavedOnEveryRank,
             DatasetLoadedOnEveryRank,
             PlainBatchNormalization,
             OptimizerNotMultiNode,
             NoScatterDataset,
             PlainEvaluator,
             GlobalBatchGrowsLearningRateUnchanged,
+            PrintOnEveryRank,
         ),
         key=lambda rule: rule.code,
     )

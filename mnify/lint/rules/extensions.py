@@ -1,10 +1,11 @@
-"""MN4xx: extensions that write files or print belong on one rank."""
+"""MN4xx: output (report extensions, saved files, prints) belongs on one rank."""
 
 from __future__ import annotations
 
 import libcst as cst
 
 from mnify.lint import names as N
+from mnify.lint.context import argument
 from mnify.lint.rule import AppliesTo, Rule
 
 
@@ -54,3 +55,37 @@ class UnguardedReportingExtension(Rule):
         if bound is not None and bound.kind == "report_ext" and isinstance(bound.value, cst.Call):
             return self._reporting_name(bound.value)
         return None
+
+
+class FileSavedOnEveryRank(Rule):
+    """Fires, in a distributed script, on ``chainer.serializers.save_npz``/``save_hdf5`` calls
+    that run on every rank (not inside a rank-conditional ``if``, not after a rank-conditional
+    early exit) and whose file name (first argument or ``file=``) does not mention a rank, so
+    every rank writes the same path."""
+
+    code = "MN402"
+    name = "file-saved-on-every-rank"
+    summary = "every rank saves to the same file"
+    why = (
+        "All ranks write the same path at the same time: on a shared file system the file ends "
+        "up truncated or interleaved, and N-1 of the writes are wasted I/O. Save on rank 0, or "
+        "put the rank in the file name when each rank really has its own state."
+    )
+    bad = (
+        "comm = chainermn.create_communicator()\nchainer.serializers.save_npz('model.npz', model)\n"
+    )
+    good = (
+        "comm = chainermn.create_communicator()\n"
+        "if comm.rank == 0:\n"
+        "    chainer.serializers.save_npz('model.npz', model)\n"
+    )
+    applies_to = AppliesTo.DISTRIBUTED
+
+    def visit_Call(self, node: cst.Call) -> None:
+        ctx = self.ctx
+        if not N.any_in(ctx.callee_names(node), N.SAVE_FUNCTIONS) or ctx.on_some_ranks():
+            return
+        target = argument(node, 0, "file")
+        if target is not None and ctx.find_rank(target, ("global", "intra", "inter")):
+            return
+        self.report(node)
