@@ -19,6 +19,7 @@ from tests.support.testbed import RankJob, TestBed
 
 TRAIN = Path(__file__).resolve().parent / "scripts" / "train_loop.py"
 MNIFY_RUN = [str(Path(sys.executable).parent / "mnify"), "run", "-n", "4"]
+ABORT_DELAY = ["--mca", "opal_abort_delay", "1"]
 LOST_DAEMON = "PRTE has lost communication with a remote daemon"
 
 
@@ -65,7 +66,9 @@ def test_host_link_down_mid_training_names_its_ranks(
 def test_rank_killed_on_one_host_is_named(make_testbed: Callable[[int], TestBed]) -> None:
     bed = make_testbed(2)
     watchdog = 10.0
-    job = train(bed, 100_000, 30_000, 0.05, watchdog)
+    # A rank whose socket to the dead one closes aborts at once (MPI_ERRORS_ARE_FATAL), racing
+    # the launcher's own report of the killed rank; one second of delay lets the report win.
+    job = train(bed, 100_000, 30_000, 0.05, watchdog, mpiexec_args=ABORT_DELAY)
     job.wait_for("[1,3]<stdout>: STEP 3", timeout=90)
     os.kill(rank_pid(bed, "mnb", 3), signal.SIGKILL)
     run = job.wait(timeout=watchdog + 10)
