@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -101,22 +101,27 @@ class Watchdog:
         self._peer = peer
         self._deadline = time.monotonic() + self.timeout
 
-    def wait(self, request: MPI.Request) -> None:
-        self.waitall([request])
+    def wait(self, request: MPI.Request, status: MPI.Status | None = None) -> None:
+        """Return when ``request`` completes (filling ``status``); raise CollectiveTimeout past
+        the deadline."""
+        self._poll(lambda: bool(request.Test(status)))
 
     def waitall(self, requests: Sequence[MPI.Request]) -> None:
         """Return when all ``requests`` complete; raise CollectiveTimeout past the deadline."""
         pending = list(requests)
+        self._poll(lambda: bool(MPI.Request.Testall(pending)))
+
+    def _poll(self, done: Callable[[], bool]) -> None:
         for _ in range(_SPIN_TESTS):
-            if MPI.Request.Testall(pending):
+            if done():
                 return
         pause = _FIRST_SLEEP
         while time.monotonic() < self._deadline:
-            if MPI.Request.Testall(pending):
+            if done():
                 return
             time.sleep(pause)
             pause = min(pause * 2, _MAX_SLEEP)
-        if MPI.Request.Testall(pending):
+        if done():
             return
         missing = [self._peer] if self._peer is not None else self.missing_ranks(self.entered)
         raise CollectiveTimeout(self.kind, self.entered, self.rank, self.timeout, missing)

@@ -440,22 +440,23 @@ class CommunicatorBase:
         head = np.frombuffer(pickle.dumps((kind, header)), dtype=np.uint8)
         size = np.array([head.size], dtype=np.int64)
         c = self.mpi_comm
-        if self._watchdog is None:
-            c.Send(size, dest=dest, tag=tag)
-            c.Send([head, MPI.BYTE], dest=dest, tag=tag)
-            c.Send([data, MPI.BYTE], dest=dest, tag=tag)
-        else:
-            self._watchdog.waitall(
-                [
-                    c.Isend(size, dest=dest, tag=tag),
-                    c.Isend([head, MPI.BYTE], dest=dest, tag=tag),
-                    c.Isend([data, MPI.BYTE], dest=dest, tag=tag),
-                ]
-            )
+        self._wait_all(
+            [
+                c.Isend(size, dest=dest, tag=tag),
+                c.Isend([head, MPI.BYTE], dest=dest, tag=tag),
+                c.Isend([data, MPI.BYTE], dest=dest, tag=tag),
+            ]
+        )
 
     def _recv_message(self, kind: str, source: int, tag: int) -> tuple[Any, np.ndarray]:
         size = np.empty(1, dtype=np.int64)
-        self._mpi(self.mpi_comm, "Recv", size, source=source, tag=tag)
+        status = MPI.Status()
+        if self._watchdog is None:
+            self.mpi_comm.Recv(size, source=source, tag=tag, status=status)
+        else:
+            self._watchdog.wait(self.mpi_comm.Irecv(size, source=source, tag=tag), status)
+        # the rest of the message comes from whoever sent the first part (ANY_SOURCE/ANY_TAG)
+        source, tag = status.Get_source(), status.Get_tag()
         head = np.empty(int(size[0]), dtype=np.uint8)
         self._mpi(self.mpi_comm, "Recv", [head, MPI.BYTE], source=source, tag=tag)
         sent_kind, header = pickle.loads(head.tobytes())

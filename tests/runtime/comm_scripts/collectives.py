@@ -20,6 +20,7 @@ if _fake:
     os.environ["MNIFY_HOSTNAME"] = "host" + _fake.split(",")[_r]
 
 import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
 from mnify.runtime.communicators import create_communicator  # noqa: E402
 
@@ -155,6 +156,17 @@ def check(name: str, small_buckets: bool) -> None:
             o = comm.recv_obj(source, tag=4)
             comm.send_obj({"from": r}, dest, tag=4)
         assert o == {"from": source}, o
+        # ANY_SOURCE: each message's parts must come from one sender, never mixed
+        if r == 0:
+            got_from = []
+            for _ in range(n - 1):
+                x = comm.recv(MPI.ANY_SOURCE, tag=6)
+                q = x.shape[0] - 1
+                close(x, value(q, (q + 1, 3), np.float32), f"recv ANY_SOURCE from {q}")
+                got_from.append(q)
+            assert sorted(got_from) == list(range(1, n)), got_from
+        else:
+            comm.send(value(r, (r + 1, 3), np.float32), 0, tag=6)
     ok("send/recv")
 
     assert comm.bcast_obj({"k": [r]} if r == 0 else None) == {"k": [0]}
