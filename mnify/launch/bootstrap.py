@@ -1,4 +1,7 @@
-"""What each rank runs under ``mnify run``: ``python -u -m mnify.launch.bootstrap SCRIPT ARGS``.
+"""What each rank runs under ``mnify run``: ``python -m mnify.launch.bootstrap SCRIPT ARGS``.
+
+Output is made line-buffered (one write per line, so mpiexec tags whole lines and they arrive
+as soon as they are printed).
 
 Like ``python -m mpi4py SCRIPT`` it runs the script as ``__main__`` and ends the whole job with
 ``MPI_Abort`` when the script dies with an uncaught exception or a non-zero ``sys.exit``, so the
@@ -64,7 +67,15 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def _line_buffered() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True, write_through=False)
+
+
 def main(argv: list[str]) -> None:
+    _line_buffered()
     if not argv:
         sys.stderr.write("usage: python -m mnify.launch.bootstrap SCRIPT [ARGS...]\n")
         sys.exit(2)

@@ -3,10 +3,12 @@
 Kept free of side effects so ``--dry-run`` prints precisely what a real run executes. What it adds
 and why:
 
-- ``python -u -m mnify.launch.bootstrap SCRIPT``: unbuffered output, so rank lines arrive as they
-  are printed; and a rank that ends with an uncaught exception or a non-zero ``sys.exit`` prints
-  its traceback and calls ``MPI_Abort``, so the others do not wait forever in a collective
-  (see :mod:`mnify.launch.bootstrap`).
+- ``python -m mnify.launch.bootstrap SCRIPT``: the rank's output is line-buffered, so lines arrive
+  as they are printed and whole (``python -u`` writes a line's text and its newline separately,
+  and MPICH's ``-prepend-rank`` then tags both halves); and a rank that ends with an uncaught
+  exception or a non-zero ``sys.exit`` prints its traceback and calls ``MPI_Abort``, so the
+  others do not wait forever in a collective (see :mod:`mnify.launch.bootstrap`). Without the
+  bootstrap (``abort_on_error=False``) the script runs under ``python -u``.
 - Open MPI run as root refuses to start unless ``OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)`` are set.
 - On one host Open MPI gives one slot per core and refuses more ranks; ``--oversubscribe`` is added
   only then. Never with a hostfile or ``--host``: there it would let Open MPI pack every rank onto
@@ -124,7 +126,6 @@ def build_command(
     openmpi = mpiexec.flavor == "openmpi"
     if openmpi and is_root:
         env.update(ROOT_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
     if spec.watchdog is not None:
         env[WATCHDOG_ENV] = f"{spec.watchdog:g}"
     for item in spec.export:
@@ -168,9 +169,8 @@ def build_command(
         )
     argv += spec.mpi_args
     argv += ["-n", str(spec.nprocs)]
-    argv += [spec.python, "-u"]
-    if spec.abort_on_error:
-        argv += ["-m", "mnify.launch.bootstrap"]
+    argv.append(spec.python)
+    argv += ["-m", "mnify.launch.bootstrap"] if spec.abort_on_error else ["-u"]
     argv += [spec.script, *spec.script_args]
     inherited = {name: environ[name] for name in forwarded if name not in env}
     return LaunchCommand(argv=argv, env=env, forwarded=forwarded, inherited=inherited, notes=notes)

@@ -29,8 +29,9 @@ _CHAIN_LINES = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
 )
-# Lines that end a traceback block: Open MPI's banners around its abort and fork messages.
-_BLOCK_BREAK = re.compile(r"^-{20,}\s*$|^MPI_ABORT was invoked")
+# Lines that end a traceback block: Open MPI's banners around its abort and fork messages,
+# MPICH's one-line abort report.
+_BLOCK_BREAK = re.compile(r"^-{20,}\s*$|^MPI_ABORT was invoked|^Abort\(\d+\) on node \d+")
 COLLECTIVE_TIMEOUT = re.compile(
     r"collective (?P<kind>\S+) #(?P<seq>\d+) timed out after (?P<timeout>[\d.eE+-]+) s "
     r"on rank (?P<rank>\d+): rank\(s\) (?P<missing>\S+) never arrived"
@@ -220,7 +221,7 @@ class TracebackCollector:
 class RankExit:
     """What mpiexec said about a rank that ended the job."""
 
-    rank: int
+    rank: int | None  # None: mpiexec did not say which (MPICH 4+ names the PID only)
     how: str  # "abort", "signal" or "exit"
     code: int  # abort error code, signal number or exit status
     detail: str = ""  # "Killed", "Aborted", ...
@@ -242,6 +243,8 @@ _OMPI_EXIT = re.compile(
     r"Exit code:\s+(?P<code>\d+)",
     re.S,
 )
+_MPICH_ABORT = re.compile(r"Abort\((?P<code>\d+)\) on node \d+ \(rank (?P<rank>\d+) in comm 0\)")
+_MPICH_EXIT_STRING = re.compile(r"EXIT STRING: (?P<name>[^(]+?) \(signal (?P<sig>\d+)\)")
 _MPICH_BAD = re.compile(
     r"RANK (?P<rank>\d+) PID \d+ RUNNING AT \S+\s*=\s*(?:KILLED BY SIGNAL: (?P<sig>\d+)"
     r"(?: \((?P<name>[^)]*)\))?|EXIT STATUS: (?P<code>\d+))"
@@ -251,7 +254,7 @@ _MPICH_BAD = re.compile(
 def parse_launcher_messages(text: str) -> list[RankExit]:
     """Rank endings reported in mpiexec's own output (and in ranks' MPI_ABORT banners)."""
     flat = re.sub(r"\s+", " ", text)
-    found: dict[tuple[int, str], RankExit] = {}
+    found: dict[tuple[int | None, str], RankExit] = {}
     for m in _OMPI_SIGNAL.finditer(flat):
         rank, sig = int(m.group("rank")), int(m.group("sig"))
         found[(rank, "signal")] = RankExit(rank, "signal", sig, m.group("name") or "")
@@ -272,7 +275,18 @@ def parse_launcher_messages(text: str) -> list[RankExit]:
             )
         elif m.group("code") and int(m.group("code")) != 0:
             found[(rank, "exit")] = RankExit(rank, "exit", int(m.group("code")))
-    return sorted(found.values(), key=lambda e: (e.rank, e.how))
+    for m in _MPICH_ABORT.finditer(flat):
+        rank = int(m.group("rank"))
+        found[(rank, "abort")] = RankExit(rank, "abort", int(m.group("code")))
+    if not any(how == "signal" for _, how in found):
+        for m in _MPICH_EXIT_STRING.finditer(flat):
+            sig = int(m.group("sig"))
+            found[(None, "signal")] = RankExit(None, "signal", sig, m.group("name").strip())
+    return sorted(found.values(), key=lambda e: (-1 if e.rank is None else e.rank, e.how))
+
+
+def _who(e: RankExit) -> str:
+    return "a rank" if e.rank is None else f"rank {e.rank}"
 
 
 class FailureKind(Enum):
@@ -339,11 +353,11 @@ FORK_NOTE = (
 def describe_exit(e: RankExit) -> str:
     """One rank ending as mpiexec reported it, in words."""
     if e.how == "abort":
-        return f"rank {e.rank} called MPI_Abort (code {e.code})"
+        return f"{_who(e)} called MPI_Abort (code {e.code})"
     if e.how == "signal":
         name = f" ({e.detail})" if e.detail else ""
-        return f"rank {e.rank} was killed by signal {e.code}{name}"
-    return f"rank {e.rank} exited with status {e.code}"
+        return f"{_who(e)} was killed by signal {e.code}{name}"
+    return f"{_who(e)} exited with status {e.code}"
 
 
 def _signal_note(exits: Sequence[RankExit]) -> str:
@@ -352,7 +366,7 @@ def _signal_note(exits: Sequence[RankExit]) -> str:
         if e.how != "signal":
             continue
         name = f" ({e.detail})" if e.detail else ""
-        note = f"rank {e.rank} was killed by signal {e.code}{name}"
+        note = f"{_who(e)} was killed by signal {e.code}{name}"
         if e.code == 9:
             note += ": often the host ran out of memory (check dmesg), or a scheduler limit"
         elif e.code == 6:
@@ -449,7 +463,7 @@ def summarize(
             kind = FailureKind.NO_TRACEBACK
             ended = [e for e in exits if e.how == "exit"]
             where = (
-                f"rank {ended[0].rank} exited with status {ended[0].code}"
+                f"{_who(ended[0])} exited with status {ended[0].code}"
                 if ended
                 else f"mpiexec exited with status {returncode}"
             )

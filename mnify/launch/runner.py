@@ -91,7 +91,8 @@ class _Pump:
         return 0
 
     def _show(self, rank: int | None, text: str, stream: str) -> None:
-        if stream != "stderr":
+        # Boxes come on stderr (Open MPI, ranks' MPI_ABORT) or on mpiexec's stdout (MPICH).
+        if stream != "stderr" and rank is not None:
             self.printer.write(rank, text, stream)
             return
         for shown in self.banners.feed(rank, text):

@@ -43,6 +43,14 @@ def test_other_boxes_pass_whole_and_sources_do_not_mix() -> None:
     assert shown == FORK_BOX
 
 
+def test_mpich_boxes_and_abort_line_are_dropped() -> None:
+    f = BannerFilter()
+    box = ["=" * 83, "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES", "=" * 83]
+    abort = "Abort(1) on node 1 (rank 1 in comm 0): application called MPI_Abort(...)"
+    assert feed(f, None, [*box, "after"]) == ["after"]
+    assert feed(f, 1, [abort, "next"]) == ["next"]
+
+
 def test_unclosed_box_is_flushed_at_the_end() -> None:
     f = BannerFilter()
     assert feed(f, None, [RULE, "half a message"]) == []

@@ -29,8 +29,8 @@ def test_openmpi_one_host_oversubscribes_only_beyond_the_cores() -> None:
     few = build_command(spec(nprocs=2), OMPI, ENV, cores=2, is_root=False)
     assert "--oversubscribe" in many.argv
     assert "--oversubscribe" not in few.argv
-    assert many.argv[-9:] == [
-        "-n", "4", "/venv/bin/python", "-u", "-m", "mnify.launch.bootstrap",
+    assert many.argv[-8:] == [
+        "-n", "4", "/venv/bin/python", "-m", "mnify.launch.bootstrap",
         "train.py", "--epoch", "1",
     ]  # fmt: skip
     assert many.argv[:2] == [OMPI.path, "--tag-output"]
@@ -60,7 +60,6 @@ def test_root_is_allowed_through_the_environment_for_open_mpi_only() -> None:
 def test_open_mpi_forwards_mnify_cuda_and_watchdog_variables_with_x() -> None:
     cmd = build_command(spec(watchdog=30), OMPI, ENV, cores=8, is_root=False)
     assert cmd.env["MNIFY_WATCHDOG_TIMEOUT"] == "30"
-    assert cmd.env["PYTHONUNBUFFERED"] == "1"
     exported = [cmd.argv[i + 1] for i, a in enumerate(cmd.argv) if a == "-x"]
     assert set(exported) == {
         "CUDA_VISIBLE_DEVICES", "MNIFY_DEBUG", "MNIFY_WATCHDOG_TIMEOUT",
@@ -111,6 +110,12 @@ def test_shell_text_is_quoted_and_reproduces_env_and_argv() -> None:
     assert "export MNIFY_DEBUG=1" in text  # an inherited, forwarded value
     assert "export OMPI_ALLOW_RUN_AS_ROOT=1" in text
     assert text.splitlines()[-1].endswith("train.py --out 'my dir'")
+
+
+def test_without_the_bootstrap_the_script_runs_unbuffered() -> None:
+    cmd = build_command(spec(abort_on_error=False), OMPI, ENV, cores=8, is_root=False)
+    assert cmd.argv[-5:] == ["/venv/bin/python", "-u", "train.py", "--epoch", "1"]
+    assert "mnify.launch.bootstrap" not in cmd.argv
 
 
 def test_bad_specs_are_rejected() -> None:

@@ -207,6 +207,37 @@ MPICH_BAD = """=================================================================
 ==================================================================================="""
 
 
+MPICH5_KILLED = """===================================================================================
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   PID 4462 RUNNING AT vm
+=   EXIT CODE: 9
+=   CLEANING UP REMAINING PROCESSES
+=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES
+===================================================================================
+YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)
+This typically refers to a problem with your application."""
+MPICH_ABORT = (
+    "Abort(1) on node 1 (rank 1 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 1)"
+    " - process 1"
+)
+
+
+def test_mpich_5_reports_a_signal_without_the_rank_and_aborts_with_it() -> None:
+    [killed] = parse_launcher_messages(MPICH5_KILLED)
+    assert (killed.rank, killed.how, killed.code, killed.detail) == (None, "signal", 9, "Killed")
+    s = summarize([], 3, 9, MPICH5_KILLED)
+    assert "a rank was killed by signal 9 (Killed)" in render_summary(s)
+    [abort] = parse_launcher_messages(MPICH_ABORT)
+    assert (abort.rank, abort.how, abort.code) == (1, "abort", 1)
+
+
+def test_mpich_abort_line_ends_a_dying_ranks_report() -> None:
+    c = TracebackCollector()
+    shown = feed_all(c, 1, ["[mnify] rank 1 (host vm) failed:", *PLAIN, MPICH_ABORT])
+    assert shown == [MPICH_ABORT]
+    assert c.finish()[0].lines == PLAIN
+
+
 def test_launcher_messages_of_open_mpi_4_5_and_mpich() -> None:
     assert [(e.rank, e.how, e.code, e.detail) for e in parse_launcher_messages(OMPI5_SIGNAL)] == [
         (1, "signal", 9, "Killed")

@@ -184,7 +184,7 @@ def test_dry_run_one_host_oversubscribes_beyond_the_cores(tmp_path: Path) -> Non
     assert not marker.exists()
     command = result.stdout.strip().splitlines()[-1]
     assert command.startswith(f"{fake} --tag-output --oversubscribe ")
-    assert f"--mca btl tcp,self -n {n} {sys.executable} -u -m mnify.launch.bootstrap" in command
+    assert f"--mca btl tcp,self -n {n} {sys.executable} -m mnify.launch.bootstrap" in command
     assert command.endswith(f"{SCRIPT} ok --out 'a b'")
     assert "export MNIFY_WATCHDOG_TIMEOUT=30" in result.stdout
     assert "-x MNIFY_WATCHDOG_TIMEOUT" in command
