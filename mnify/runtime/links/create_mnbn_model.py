@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import sys
 import types
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import chainer
@@ -17,6 +18,23 @@ from mnify.runtime.links.batch_normalization import MultiNodeBatchNormalization
 
 if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
+
+
+def _is_plain_batch_normalization(link: object) -> bool:
+    """BatchNormalization and user subclasses of it; not BatchRenormalization.
+
+    Batch renormalization corrects batch statistics with the running ones; replacing it with
+    MultiNodeBatchNormalization would silently change the algorithm, so it is left as it is
+    (with a warning: its statistics stay per rank).
+    """
+    if isinstance(link, chainer.links.BatchRenormalization):
+        warnings.warn(
+            f"create_mnbn_model: {type(link).__name__} {getattr(link, 'name', '')!r} is left "
+            "as it is; its batch statistics stay per rank",
+            stacklevel=4,
+        )
+        return False
+    return isinstance(link, chainer.links.BatchNormalization)
 
 
 def _convert_batch_normalization(
@@ -52,14 +70,14 @@ def _replace_in_place(link: chainer.Link, comm: CommunicatorBase, backend: str) 
     if isinstance(link, chainer.Chain):
         for name in sorted(link._children):
             child = getattr(link, name)
-            if isinstance(child, chainer.links.BatchNormalization):
+            if _is_plain_batch_normalization(child):
                 link.__dict__[name] = _convert_batch_normalization(child, comm, backend)
             else:
                 _replace_in_place(child, comm, backend)
     elif isinstance(link, chainer.Sequential):
         # Sequential calls its ``_layers`` (links and plain functions); ``_children`` holds the links.
         for index, layer in enumerate(list(link._layers)):
-            if isinstance(layer, chainer.links.BatchNormalization):
+            if _is_plain_batch_normalization(layer):
                 mnbn = _convert_batch_normalization(layer, comm, backend)
                 link._layers[index] = mnbn
                 position = next(i for i, c in enumerate(link._children) if c is layer)
@@ -68,7 +86,7 @@ def _replace_in_place(link: chainer.Link, comm: CommunicatorBase, backend: str) 
                 _replace_in_place(layer, comm, backend)
     elif isinstance(link, chainer.ChainList):
         for index, child in enumerate(list(link)):
-            if isinstance(child, chainer.links.BatchNormalization):
+            if _is_plain_batch_normalization(child):
                 link._children[index] = _convert_batch_normalization(child, comm, backend)
             else:
                 _replace_in_place(child, comm, backend)
@@ -82,7 +100,7 @@ def create_mnbn_model(
     Parameters, gradients and running statistics carry over, so converting a trained model keeps
     what it learnt. The original model is left untouched.
     """
-    if isinstance(link, chainer.links.BatchNormalization):
+    if _is_plain_batch_normalization(link):
         return _convert_batch_normalization(copy.deepcopy(link), comm, communication_backend)
     clone = copy.deepcopy(link)
     _replace_in_place(clone, comm, communication_backend)

@@ -9,6 +9,7 @@ Per-rank batch sizes are uneven on purpose (and one check gives a rank an empty 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import chainer
 import chainer.functions as F
@@ -258,6 +259,14 @@ def check_create_mnbn_model() -> None:
     assert again.bn.comm is comm and again.bn is not converted.bn
     single = create_mnbn_model(L.BatchNormalization(5), comm)
     assert isinstance(single, mn.links.MultiNodeBatchNormalization)
+
+    # batch renormalization is a different algorithm: kept, with a warning
+    renorm = chainer.Sequential(L.Linear(3, 4), L.BatchRenormalization(4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept = create_mnbn_model(renorm, comm)
+    assert type(kept[1]) is L.BatchRenormalization
+    assert any("BatchRenormalization" in str(w.message) for w in caught), caught
 
 
 check_create_mnbn_model()
