@@ -297,7 +297,9 @@ def collect(hostfile: str | None = None) -> dict[str, Any]:
     report["mpi4py"] = {
         "ok": mpi.ok,
         "version": mpi.data.get("mpi4py") or _dist_version("mpi4py"),
-        "library": mpi.data.get("library"),
+        # first line only: MPICH's answer runs to a dozen lines of build details
+        "library": (mpi.data.get("library") or "").splitlines()[0] if mpi.ok else None,
+        "library_details": mpi.data.get("library"),
         "standard": mpi.data.get("standard"),
     }
     if not mpi.ok:
