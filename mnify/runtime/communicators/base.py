@@ -17,8 +17,9 @@ all-reduced (:meth:`_allreduce_into`).
 
 from __future__ import annotations
 
+import contextlib
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -97,6 +98,8 @@ class CommunicatorBase:
         self._watchdog = Watchdog(self.mpi_comm, timeout) if timeout else None
         self._plans = PlanCache()
         self._finalized = False
+        self._batched_copy = True
+        self._config_depth = 0
 
     # -- topology -------------------------------------------------------------------------------
 
@@ -541,6 +544,65 @@ class CommunicatorBase:
             parts = [np.frombuffer(pickle.dumps(o), np.uint8) for o in objs]
         self._enter(CallSignature("scatter_obj", root=root))
         return pickle.loads(self._scatter_raw(parts, root).tobytes())
+
+    # -- ChainerMN compatibility: aliases and runtime configuration -------------------------------
+
+    def allreduce_grad(self, model: Any, zero_fill: bool = False) -> None:
+        """ChainerMN's older name for :meth:`multi_node_mean_grad`."""
+        self.multi_node_mean_grad(model, zero_fill)
+
+    def broadcast_data(self, model: Any) -> None:
+        """ChainerMN's older name for :meth:`bcast_data`."""
+        self.bcast_data(model)
+
+    CONFIG_NAMES: ClassVar[tuple[str, ...]] = (
+        "allreduce_grad_dtype",
+        "bucket_bytes",
+        "batched_copy",
+    )
+
+    def set_config(self, name: str, value: Any = True, **kwargs: Any) -> None:
+        """ChainerMN's ``comm.set_config``: ``allreduce_grad_dtype`` (bucket dtype, None for the
+        gradients' own), ``bucket_bytes``; ``batched_copy`` is accepted and ignored (host
+        communicators always pack)."""
+        if name == "allreduce_grad_dtype":
+            self.allreduce_grad_dtype = None if value is None else np.dtype(value)
+        elif name == "bucket_bytes":
+            if int(value) <= 0:
+                raise ValueError(f"bucket_bytes must be positive, got {value}")
+            self.bucket_bytes = int(value)
+        elif name == "batched_copy":
+            self._batched_copy = bool(value)
+        else:
+            raise ValueError(f"unknown config {name!r}; expected one of {self.CONFIG_NAMES}")
+
+    def get_config(self, name: str | None = None) -> Any:
+        values = {
+            "allreduce_grad_dtype": self.allreduce_grad_dtype,
+            "bucket_bytes": self.bucket_bytes,
+            "batched_copy": self._batched_copy,
+        }
+        if name is None:
+            return values
+        if name not in values:
+            raise ValueError(f"unknown config {name!r}; expected one of {self.CONFIG_NAMES}")
+        return values[name]
+
+    @contextlib.contextmanager
+    def config_scope(self) -> Iterator[None]:
+        """Configuration changed inside the block is restored when it ends."""
+        saved = self.get_config()
+        self._config_depth += 1
+        try:
+            yield
+        finally:
+            self._config_depth -= 1
+            for key, val in saved.items():
+                self.set_config(key, val)
+
+    @property
+    def within_config_scope(self) -> bool:
+        return self._config_depth > 0
 
     # -- the rest -----------------------------------------------------------------------------------
 

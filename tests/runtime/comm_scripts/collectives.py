@@ -239,6 +239,29 @@ def check(name: str, small_buckets: bool) -> None:
     comm16.finalize()
     ok("allreduce_grad_dtype")
 
+    # ChainerMN's older names and runtime configuration
+    model = FakeModel({"/a": Param(value(r, (3,), np.float32), value(r, (3,), np.float32))})
+    comm.broadcast_data(model)
+    close(model.params["/a"].data, value(0, (3,), np.float32), "broadcast_data")
+    comm.allreduce_grad(model)
+    want = (sum(value(q, (3,), np.float64) for q in range(n)) / n).astype(np.float32)
+    close(model.params["/a"].grad, want, "allreduce_grad")
+    with comm.config_scope():
+        comm.set_config("allreduce_grad_dtype", np.float64)
+        comm.set_config("bucket_bytes", 8)
+        assert comm.within_config_scope
+        assert comm.get_config("allreduce_grad_dtype") == np.float64
+        model.params["/a"].grad = value(r, (3,), np.float32)
+        comm.multi_node_mean_grad(model)
+        close(model.params["/a"].grad, want, "mean_grad with float64 buckets of 8 bytes")
+    assert not comm.within_config_scope
+    assert comm.get_config() == {
+        "allreduce_grad_dtype": None,
+        "bucket_bytes": 64 if small_buckets else comm.bucket_bytes,
+        "batched_copy": True,
+    }
+    ok("chainermn compatibility")
+
     # split: evens and odds, same class, collectives inside the group only
     sub = comm.split(r % 2, r)
     assert type(sub) is type(comm)
