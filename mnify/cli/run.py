@@ -13,20 +13,36 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
+from typing import NoReturn
 
 import click
 
 from mnify.launch.command import LaunchSpec, build_command
 from mnify.launch.failures import render_summary, summarize
-from mnify.launch.hosts import HostSpecError, parse_host_list, parse_hostfile, total_slots
+from mnify.launch.hosts import (
+    HostSlots,
+    HostSpecError,
+    parse_host_list,
+    parse_hostfile,
+    total_slots,
+)
 from mnify.launch.mpiexec import ENV_MPIEXEC, MpiExecNotFound, describe_mpiexec, find_mpiexec
 from mnify.launch.runner import run_job
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
+
+
+def _read_hosts(hostfile: str | None, hosts: str | None) -> list[HostSlots] | None:
+    if hostfile is not None:
+        return parse_hostfile(hostfile)
+    if hosts is not None:
+        return parse_host_list(hosts)
+    return None
 
 
 def _exit_status(returncode: int) -> int:
@@ -116,19 +132,23 @@ def run(
     if hostfile is not None and hosts is not None:
         _fail("give either --hostfile or --host, not both")
     try:
-        host_list = (
-            parse_hostfile(hostfile)
-            if hostfile is not None
-            else parse_host_list(hosts)
-            if hosts is not None
-            else None
-        )
+        host_list = _read_hosts(hostfile, hosts)
     except HostSpecError as exc:
         _fail(str(exc))
     try:
-        mpiexec = describe_mpiexec(mpiexec_path) if mpiexec_path else find_mpiexec()
-    except MpiExecNotFound as exc:
-        _fail(str(exc))
+        extra_args = [arg for chunk in mpi_args for arg in shlex.split(chunk)]
+    except ValueError as exc:
+        _fail(f"--mpi-arg: {exc}")
+    if mpiexec_path is not None:
+        resolved = shutil.which(mpiexec_path)
+        if resolved is None:
+            _fail(f"--mpiexec {mpiexec_path}: not an executable")
+        mpiexec = describe_mpiexec(str(resolved))
+    else:
+        try:
+            mpiexec = find_mpiexec()
+        except MpiExecNotFound as exc:
+            _fail(str(exc))
     spec = LaunchSpec(
         nprocs=nprocs,
         script=script,
@@ -136,7 +156,7 @@ def run(
         hostfile=hostfile,
         hosts=hosts,
         watchdog=watchdog,
-        mpi_args=[arg for chunk in mpi_args for arg in shlex.split(chunk)],
+        mpi_args=extra_args,
         export=list(exports),
     )
     command = build_command(spec, mpiexec)
@@ -161,14 +181,17 @@ def run(
         click.echo(command.shell_text())
         return
 
-    result = run_job(
-        command,
-        mpiexec.flavor,
-        out=sys.stdout,
-        err=sys.stderr,
-        tag_output=tag_output,
-        hold_seconds=hold_seconds,
-    )
+    try:
+        result = run_job(
+            command,
+            mpiexec.flavor,
+            out=sys.stdout,
+            err=sys.stderr,
+            tag_output=tag_output,
+            hold_seconds=hold_seconds,
+        )
+    except OSError as exc:
+        _fail(f"cannot start {mpiexec.path}: {exc}")
     status = _exit_status(result.returncode)
     if status == 0:
         for tb in result.tracebacks:  # handled errors printed by a job that still succeeded

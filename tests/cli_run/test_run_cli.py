@@ -218,3 +218,7 @@ def test_dry_run_with_host_list_and_usage_errors(tmp_path: Path) -> None:
     assert both.exit_code == 2 and "not both" in both.stderr
     unreadable = invoke("-n", "2", "--hostfile", str(tmp_path / "missing"), str(SCRIPT))
     assert unreadable.exit_code == 2 and "cannot read hostfile" in unreadable.stderr
+    no_mpiexec = invoke("-n", "2", "--mpiexec", str(tmp_path / "none"), str(SCRIPT))
+    assert no_mpiexec.exit_code == 2 and "not an executable" in no_mpiexec.stderr
+    quote = invoke("-n", "2", "--mpiexec", str(fake), "--mpi-arg", "--mca 'x", str(SCRIPT))
+    assert quote.exit_code == 2 and "--mpi-arg" in quote.stderr
