@@ -54,6 +54,7 @@ def scatter_index(
     n_total_samples: int, comm: CommunicatorBase, root: int = 0, *, force_equal_length: bool = True
 ) -> tuple[int, int]:
     """This rank's ``(begin, end)`` of ``n_total_samples`` examples; only ``root``'s count is used."""
+    comm = _as_communicator(comm)
     _check_root(comm, root)
     ranges = (
         split_ranges(n_total_samples, comm.size, force_equal_length) if comm.rank == root else None
@@ -78,9 +79,11 @@ def scatter_dataset(
     ``seed`` every example always lands on the same rank). Keep ``force_equal_length`` on for
     training and for the multi-node evaluator, which need the same number of iterations on every
     rank; turn it off for an exact, duplicate-free evaluation split. ``max_buf_len`` is accepted
-    for ChainerMN compatibility and ignored (nothing is broadcast).
+    for ChainerMN compatibility and ignored (nothing is broadcast). ``comm`` may also be a bare
+    mpi4py communicator, as in ChainerMN.
     """
     del max_buf_len
+    comm = _as_communicator(comm)
     _check_root(comm, root)
     if comm.rank != root:
         spec = comm.recv_obj(source=root, tag=_TAG)
@@ -107,6 +110,17 @@ def scatter_dataset(
 
 # Messages of one scatter_dataset call; a tag of its own keeps them apart from the user's.
 _TAG = 7301
+
+
+def _as_communicator(comm: Any) -> CommunicatorBase:
+    """ChainerMN also accepts a bare mpi4py communicator: wrap one in a ``naive`` communicator."""
+    from mpi4py import MPI
+
+    if isinstance(comm, MPI.Intracomm):
+        from mnify.runtime.communicators import create_communicator
+
+        return create_communicator("naive", mpi_comm=comm)
+    return comm  # type: ignore[no-any-return]
 
 
 def _check_root(comm: CommunicatorBase, root: int) -> None:

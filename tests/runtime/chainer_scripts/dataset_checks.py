@@ -161,7 +161,12 @@ except ValueError as error:
     assert "root" in str(error)
 else:
     raise AssertionError("a root outside the communicator must be refused")
-report(comm, "scatter_index and root validation")
+via_mpi4py = scatter_dataset(build("tuple", 10) if rank == 0 else None, comm.mpi_comm)
+assert [as_plain(e) for e in via_mpi4py] == [
+    as_plain(e) for e in scatter_dataset(build("tuple", 10) if rank == 0 else None, comm)
+]
+assert scatter_index(10, comm.mpi_comm) == tuple(split_ranges(10, size)[rank])
+report(comm, "scatter_index and root validation; bare mpi4py communicators")
 
 empty = create_empty_dataset(build("tuple", 7))
 assert len(empty) == 7 and all(e == () for e in empty)
