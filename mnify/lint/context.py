@@ -12,7 +12,7 @@ order, ignoring scopes: good enough for training scripts, and cheap.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -94,6 +94,28 @@ class LintContext:
         self.rank_ifs: dict[int, bool] = {}
         self.loop_depth = 0
         self.call_index = 0
+        # node type -> handler; a dict lookup per node keeps the shared walk cheap
+        self._on_enter: dict[type[cst.CSTNode], Callable[[Any], None]] = {
+            cst.Call: self._enter_call,
+            cst.If: self._enter_if,
+            cst.For: self._enter_loop,
+            cst.While: self._enter_loop,
+            cst.FunctionDef: self._enter_function,
+            cst.ClassDef: self._enter_class,
+            cst.Return: self._enter_return,
+            cst.Continue: self._enter_loop_exit,
+            cst.Break: self._enter_loop_exit,
+            cst.Module: self._enter_module,
+            cst.Import: self._enter_import,
+            cst.ImportFrom: self._enter_import_from,
+        }
+        self._on_leave: dict[type[cst.CSTNode], Callable[[Any], None]] = {
+            cst.Assign: self._leave_assign,
+            cst.AnnAssign: self._leave_ann_assign,
+            cst.For: self._leave_loop,
+            cst.While: self._leave_loop,
+            cst.FunctionDef: self._leave_function,
+        }
 
     # ----------------------------------------------------------------- script-level facts
     @property
@@ -355,52 +377,65 @@ class LintContext:
 
     # --------------------------------------------------------------- runner callbacks
     def enter(self, node: cst.CSTNode) -> None:
-        kind = type(node)
-        if kind is cst.Call:
-            self._enter_call(node)  # type: ignore[arg-type]
-        elif kind is cst.If:
-            self.rank_ifs[id(node)] = self.is_rank_condition(node.test)  # type: ignore[attr-defined]
-        elif kind is cst.For or kind is cst.While:
-            self.frames.append(Frame(node, "loop", len(self.rank_branches)))
-            self.loop_depth += 1
-        elif kind is cst.FunctionDef:
-            self.frames.append(Frame(node, "function", len(self.rank_branches)))
-        elif kind is cst.ClassDef:
-            self.class_names.add(node.name.value)  # type: ignore[attr-defined]
-            for base in node.bases:  # type: ignore[attr-defined]
-                if N.any_in(self.qualified_names(base.value), N.MODEL_PARALLEL_MARKERS):
-                    self.model_parallel_uses.append(base)
-        elif kind is cst.Return:
-            self._early_exit(node, "function")
-        elif kind is cst.Continue or kind is cst.Break:
-            self._early_exit(node, "loop")
-        elif kind is cst.Module:
-            self.frames.append(Frame(node, "module", 0))
-        elif kind is cst.Import:
-            for alias in node.names:  # type: ignore[attr-defined]
-                root = dotted_name(alias.name)
-                if root:
-                    self.import_roots.add(root.split(".")[0])
-        elif kind is cst.ImportFrom:
-            module = node.module  # type: ignore[attr-defined]
-            root = dotted_name(module) if module is not None else None
-            if root and not node.relative:  # type: ignore[attr-defined]
-                self.import_roots.add(root.split(".")[0])
+        handler = self._on_enter.get(type(node))
+        if handler is not None:
+            handler(node)
 
     def leave(self, node: cst.CSTNode) -> None:
-        kind = type(node)
-        if kind is cst.Assign:
-            value = node.value  # type: ignore[attr-defined]
-            for target in node.targets:  # type: ignore[attr-defined]
-                self._bind(target.target, value)
-        elif kind is cst.AnnAssign:
-            if node.value is not None:  # type: ignore[attr-defined]
-                self._bind(node.target, node.value)  # type: ignore[attr-defined]
-        elif kind is cst.For or kind is cst.While:
-            self.frames.pop()
-            self.loop_depth -= 1
-        elif kind is cst.FunctionDef:
-            self.frames.pop()
+        handler = self._on_leave.get(type(node))
+        if handler is not None:
+            handler(node)
+
+    def _enter_if(self, node: cst.If) -> None:
+        self.rank_ifs[id(node)] = self.is_rank_condition(node.test)
+
+    def _enter_loop(self, node: cst.For | cst.While) -> None:
+        self.frames.append(Frame(node, "loop", len(self.rank_branches)))
+        self.loop_depth += 1
+
+    def _leave_loop(self, node: cst.For | cst.While) -> None:
+        self.frames.pop()
+        self.loop_depth -= 1
+
+    def _enter_function(self, node: cst.FunctionDef) -> None:
+        self.frames.append(Frame(node, "function", len(self.rank_branches)))
+
+    def _leave_function(self, node: cst.FunctionDef) -> None:
+        self.frames.pop()
+
+    def _enter_module(self, node: cst.Module) -> None:
+        self.frames.append(Frame(node, "module", 0))
+
+    def _enter_class(self, node: cst.ClassDef) -> None:
+        self.class_names.add(node.name.value)
+        for base in node.bases:
+            if N.any_in(self.qualified_names(base.value), N.MODEL_PARALLEL_MARKERS):
+                self.model_parallel_uses.append(base)
+
+    def _enter_return(self, node: cst.Return) -> None:
+        self._early_exit(node, "function")
+
+    def _enter_loop_exit(self, node: cst.Continue | cst.Break) -> None:
+        self._early_exit(node, "loop")
+
+    def _enter_import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            root = dotted_name(alias.name)
+            if root:
+                self.import_roots.add(root.split(".")[0])
+
+    def _enter_import_from(self, node: cst.ImportFrom) -> None:
+        root = dotted_name(node.module) if node.module is not None else None
+        if root and not node.relative:
+            self.import_roots.add(root.split(".")[0])
+
+    def _leave_assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target, node.value)
+
+    def _leave_ann_assign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind(node.target, node.value)
 
     def enter_branch(self, node: cst.If, attribute: str) -> None:
         self.branches.append((node, attribute))
