@@ -319,8 +319,13 @@ class FailureSummary:
     hint: str
 
 
+_TIMEOUT_RANK = re.compile(r"( timed out after \S+ s) on rank \d+:")
+
+
 def _group_key(tb: RankTraceback) -> str:
-    return _ADDRESS.sub("0x…", tb.text)
+    """What must match for two tracebacks to count as the same: memory addresses aside, and for
+    watchdog timeouts the waiting rank aside (every waiting rank names itself)."""
+    return _TIMEOUT_RANK.sub(r"\1:", _ADDRESS.sub("0x…", tb.text))
 
 
 def group_tracebacks(tracebacks: Iterable[RankTraceback]) -> list[ErrorGroup]:

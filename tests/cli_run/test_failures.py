@@ -171,6 +171,16 @@ def test_watchdog_timeout_alone_is_a_communication_failure() -> None:
     assert "collective timeout on rank 0 (of 2)" in render_summary(s)
 
 
+def test_timeouts_of_several_waiting_ranks_collapse() -> None:
+    def waiting(rank: int) -> RankTraceback:
+        text = str(CollectiveTimeout("allreduce", 3, rank, 2.0, [1]))
+        return tb(rank, [*PLAIN[:-1], f"mnify.runtime.errors.CollectiveTimeout: {text}"])
+
+    s = summarize([waiting(0), waiting(2)], 3, 1)
+    assert [g.ranks for g in s.errors] == [[0, 2]]
+    assert "collective timeout on ranks 0,2 (of 3)" in render_summary(s)
+
+
 def test_timeouts_after_a_real_error_are_consequences() -> None:
     timeout = [*PLAIN[:-1], f"mnify.runtime.errors.CollectiveTimeout: {TIMEOUT_TEXT}"]
     s = summarize([tb(1, PLAIN), tb(0, timeout)], 2, 1)

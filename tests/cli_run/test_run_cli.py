@@ -104,12 +104,15 @@ def test_plain_mpi4py_script_failing_on_one_rank_ends_instead_of_hanging() -> No
     assert "LookupError: rank-specific shard is missing" in proc.stderr
 
 
-def test_watchdog_timeout_is_reported_as_a_communication_failure() -> None:
-    proc = mnify_run("-n", "2", "--watchdog", "2", str(SCRIPT), "sleep_one", timeout=50)
+@pytest.mark.parametrize("n", [2, 3])
+def test_watchdog_timeout_is_reported_as_a_communication_failure(n: int) -> None:
+    proc = mnify_run("-n", str(n), "--watchdog", "2", str(SCRIPT), "sleep_one", timeout=50, grace=1)
     err = proc.stderr
     assert proc.returncode != 0, err
     assert "communication failure" in err, err
-    assert "collective timeout on rank 0 (of 2)" in err, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    waiting = "rank 0 (of 2)" if n == 2 else "ranks 0,2 (of 3)"
+    assert f"collective timeout on {waiting}" in err, err
     assert "timed out waiting for rank(s) 1" in err
     assert "Retry on one rank" in err
 
