@@ -8,7 +8,7 @@ from mnify.runtime.datasets.scatter_dataset import split_ranges
 from tests.runtime.chainer_scripts.launch import run_script
 
 CHECKS = [
-    "every dataset kind: ChainerMN's shares, coverage, shuffle with seed, both length modes",
+    "dataset kinds: ChainerMN's shares, coverage, seeded shuffle, both modes",
     "fewer examples than ranks",
     "same seed gives the same split; non-root arguments are ignored",
     "scatter_index and root validation; bare mpi4py communicators",

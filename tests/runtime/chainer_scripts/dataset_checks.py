@@ -134,9 +134,7 @@ for kind in ("ndarray", "tuple", "dict", "list", "subdataset", "transform", "opa
         check_split(kind, n, root=0, shuffle=False, force=False)
         check_split(kind, n, root=size - 1, shuffle=True, force=True)
         check_split(kind, n, root=0, shuffle=True, force=False)
-report(
-    comm, "every dataset kind: ChainerMN's shares, coverage, shuffle with seed, both length modes"
-)
+report(comm, "dataset kinds: ChainerMN's shares, coverage, seeded shuffle, both modes")
 
 check_split("tuple", 2, root=0, shuffle=False, force=False)  # some ranks get nothing
 check_split("ndarray", 1, root=0, shuffle=True, force=True)
