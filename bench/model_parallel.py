@@ -1,6 +1,6 @@
 """Channel-parallel CNN: per-rank parameter memory and step time against the single-process original.
 
-Run: ``.venv/bin/python bench/model_parallel.py [--ch 32 --size 32 --batch 32 --steps 20]``
+Run: ``.venv/bin/python bench/model_parallel.py [--ch 32 --size 16 --batch 32 --steps 10]``
 (it converts ``fixtures/convert/model_parallel_cnn.in.py`` with ``mnify convert --model-parallel
 channel`` and launches the converted model on 1, 2 and 3 ranks with mpiexec itself).
 
@@ -120,9 +120,9 @@ def run_worker(args: argparse.Namespace, script: Path, ranks: int | None) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ch", type=int, default=32, help="the CNN's base channel count")
-    parser.add_argument("--size", type=int, default=32, help="input images are size x size")
+    parser.add_argument("--size", type=int, default=16, help="input images are size x size")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--ranks", default="1,2,3")
