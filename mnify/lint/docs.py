@@ -36,7 +36,7 @@ def render_rule(rule: type[Rule], heading: str = "###") -> str:
     return (
         f"{heading} {rule.code} `{rule.name}`\n\n"
         f"**What:** {rule.summary}.\n\n"
-        f"**Fires when:** {rule.condition()}\n\n"
+        f"**Condition:** {rule.condition()}\n\n"
         f"**Why:** {rule.why}\n\n"
         f"Fixed by `mnify convert`: {_yes(rule.fixable)}. "
         f"On by default: {_yes(rule.default_enabled)}. Checks {rule.applies_to.value}.\n\n"
