@@ -159,6 +159,12 @@ def main() -> None:
     default_flat = create_communicator("flat")
     flat_model = GradSet(shapes, rank)
     methods["mnify flat (default buckets)"] = lambda: default_flat.multi_node_mean_grad(flat_model)
+    os.environ["MNIFY_WATCHDOG_TIMEOUT"] = "600"  # read when a communicator is created
+    watched = create_communicator("flat")
+    del os.environ["MNIFY_WATCHDOG_TIMEOUT"]
+    comms.append(watched)
+    watched_model = GradSet(shapes, rank)
+    methods["mnify flat, watchdog on"] = lambda: watched.multi_node_mean_grad(watched_model)
     for name in ("naive", "hierarchical"):
         comm = create_communicator(name)
         comms.append(comm)

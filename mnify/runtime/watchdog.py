@@ -16,6 +16,7 @@ counter is behind, or that do not answer, never arrived. The uncaught exception 
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import threading
 import time
@@ -36,6 +37,21 @@ _SPIN_TESTS = 2000
 _FIRST_SLEEP = 5e-5
 _MAX_SLEEP = 1e-3
 _RESPONDER_SLEEP = 0.02
+# a reply: the collective counter (int64) then the collective's name (utf-8, zero padded)
+_REPLY_BYTES = 40
+
+
+def _encode(seq: int, kind: str) -> np.ndarray:
+    out = np.zeros(_REPLY_BYTES, dtype=np.uint8)
+    out[:8] = np.frombuffer(np.int64(seq).tobytes(), dtype=np.uint8)
+    name = kind.encode()[: _REPLY_BYTES - 8]
+    out[8 : 8 + len(name)] = np.frombuffer(name, dtype=np.uint8)
+    return out
+
+
+def _decode(reply: np.ndarray) -> tuple[int, str]:
+    seq = int(np.frombuffer(reply[:8].tobytes(), dtype=np.int64)[0])
+    return seq, reply[8:].tobytes().rstrip(b"\0").decode(errors="replace")
 
 
 def timeout_from_env() -> float | None:
@@ -72,6 +88,7 @@ class Watchdog:
         self.size = comm.Get_size()
         self.entered = 0
         self.kind = ""
+        self._state: tuple[int, str] = (0, "")
         self._peer: int | None = None
         self._deadline = 0.0
         self._queries = comm.Dup()
@@ -90,16 +107,18 @@ class Watchdog:
 
     # -- the calling thread --------------------------------------------------------------------
 
-    def start(self, kind: str, seq: int, peer: int | None = None) -> None:
+    def start(self, kind: str, seq: int, peer: int | None = None, *, timed: bool = True) -> None:
         """A collective numbered ``seq`` begins now; its waits share one deadline.
 
         ``peer``: a point-to-point call with that rank (not counted as a collective); on expiry
-        that rank is the one missing, no query needed.
+        that rank is the one missing, no query needed. ``timed=False``: wait without a deadline
+        (``barrier``, the explicit synchronisation point before timed collectives).
         """
         self.kind = kind
         self.entered = seq
+        self._state = (seq, kind)  # read by the responder thread: one atomic assignment
         self._peer = peer
-        self._deadline = time.monotonic() + self.timeout
+        self._deadline = time.monotonic() + self.timeout if timed else math.inf
 
     def wait(self, request: MPI.Request, status: MPI.Status | None = None) -> None:
         """Return when ``request`` completes (filling ``status``); raise CollectiveTimeout past
@@ -123,30 +142,56 @@ class Watchdog:
             pause = min(pause * 2, _MAX_SLEEP)
         if done():
             return
-        missing = [self._peer] if self._peer is not None else self.missing_ranks(self.entered)
-        raise CollectiveTimeout(self.kind, self.entered, self.rank, self.timeout, missing)
+        raise self.timeout_error()
+
+    def timeout_error(self) -> CollectiveTimeout:
+        """The error for the current collective's expired deadline: names the missing ranks
+        and, as notes, what each of them is doing instead."""
+        notes: list[str] = []
+        if self._peer is not None:
+            missing = [self._peer]
+        else:
+            missing, notes = self.diagnose(self.entered, self.kind)
+        error = CollectiveTimeout(self.kind, self.entered, self.rank, self.timeout, missing)
+        if hasattr(error, "add_note"):  # Python 3.11+: shown under the traceback
+            for note in notes:
+                error.add_note(note)
+        return error
 
     def missing_ranks(self, seq: int) -> list[int]:
-        """Ask every other rank for its counter; those behind ``seq`` or silent are missing."""
+        """The ranks that never arrived at collective ``seq`` (see :meth:`diagnose`)."""
+        return self.diagnose(seq, self.kind)[0]
+
+    def diagnose(self, seq: int, kind: str) -> tuple[list[int], list[str]]:
+        """Ask every other rank what it last entered. Missing: ranks behind ``seq``, in another
+        collective, or silent. Also returns one line per missing rank saying which."""
         others = [r for r in range(self.size) if r != self.rank]
-        replies = {r: np.full(1, -1, dtype=np.int64) for r in others}
+        replies = {r: np.zeros(_REPLY_BYTES, dtype=np.uint8) for r in others}
         query = np.array([seq], dtype=np.int64)
         recvs = {r: self._queries.Irecv(replies[r], source=r, tag=_REPLY_TAG) for r in others}
         sends = [self._queries.Isend(query, dest=r, tag=_QUERY_TAG) for r in others]
         deadline = time.monotonic() + min(2.0, max(0.5, self.timeout / 2))
         while time.monotonic() < deadline and not MPI.Request.Testall(list(recvs.values())):
             time.sleep(0.005)
-        missing = []
+        missing: list[int] = []
+        notes: list[str] = []
         for r, req in recvs.items():
             if not req.Test():
                 req.Cancel()
                 missing.append(r)
-            elif int(replies[r][0]) < seq:
+                notes.append(f"rank {r}: no answer (dead, or stuck holding the interpreter)")
+                continue
+            their_seq, their_kind = _decode(replies[r])
+            if their_seq < seq:
                 missing.append(r)
+                notes.append(f"rank {r}: still before this collective (last entered #{their_seq})")
+            elif their_seq == seq and their_kind != kind:
+                missing.append(r)
+                notes.append(f"rank {r}: waiting in {their_kind} #{their_seq} instead")
         for req in sends:
             if not req.Test():
                 req.Cancel()
-        return missing
+        return missing, notes
 
     # -- the responder thread -----------------------------------------------------------------
 
@@ -157,7 +202,7 @@ class Watchdog:
         try:
             while not self._stop.is_set():
                 if request.Test(status):
-                    answer = np.array([self.entered], dtype=np.int64)
+                    answer = _encode(*self._state)
                     self._queries.Send(answer, dest=status.Get_source(), tag=_REPLY_TAG)
                     request = self._queries.Irecv(incoming, source=MPI.ANY_SOURCE, tag=_QUERY_TAG)
                 else:

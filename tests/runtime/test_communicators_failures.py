@@ -30,6 +30,7 @@ def test_watchdog_names_the_rank_that_never_arrives(n: int) -> None:
     culprit = n - 1
     assert "CollectiveTimeout" in run.output, run.describe()
     assert f"rank(s) {culprit} never arrived" in run.output, run.describe()
+    assert f"rank {culprit}: still before this collective (last entered #1)" in run.output
     # the sleeper itself never reaches the end, and no waiting rank blames anyone else
     assert f"END {culprit}" not in run.rank_lines(culprit)
     for r in range(culprit):
@@ -85,3 +86,11 @@ def test_a_caught_mismatch_leaves_the_communicator_usable() -> None:
     for r in range(3):
         assert any(line.startswith(f"CAUGHT {r} allreduce:") for line in run.rank_lines(r))
         assert f"AFTER {r} 3.0" in run.rank_lines(r)
+
+
+def test_barrier_is_the_untimed_synchronisation_point() -> None:
+    """Seed 000: ranks may drift apart (rank 0 evaluating); a barrier before the timed
+    collectives absorbs it without tripping the watchdog."""
+    run = run_ranks(3, SCRIPT, ["drift"], env={"MNIFY_WATCHDOG_TIMEOUT": "1.5"}, timeout=45)
+    for r in range(3):
+        assert f"AFTER {r} 3.0" in run.rank_lines(r), run.describe()

@@ -140,12 +140,14 @@ class CommunicatorBase:
 
     # -- plumbing: every collective enters here, every MPI call runs through _mpi ------------------
 
-    def _enter(self, signature: CallSignature) -> None:
+    def _enter(self, signature: CallSignature, *, timed: bool = True) -> None:
+        """Count the collective, start its watchdog deadline (none if not ``timed``), check
+        signatures in debug mode."""
         if self._finalized:
             raise RuntimeError(f"{signature.kind} on a finalized communicator")
         self._seq += 1
         if self._watchdog is not None:
-            self._watchdog.start(signature.kind, self._seq)
+            self._watchdog.start(signature.kind, self._seq, timed=timed)
         if self._debug:
             debug.check(signature, self._allgather_signatures)
 
@@ -607,7 +609,10 @@ class CommunicatorBase:
     # -- the rest -----------------------------------------------------------------------------------
 
     def barrier(self) -> None:
-        self._enter(CallSignature("barrier"))
+        """Wait for every rank. Never timed by the watchdog: it is the explicit synchronisation
+        point to put before timed collectives when ranks legitimately drift apart (rank 0
+        evaluating while the others wait, seed 000)."""
+        self._enter(CallSignature("barrier"), timed=False)
         self._mpi(self.mpi_comm, "Barrier")
 
     def split(self, color: int, key: int) -> CommunicatorBase:

@@ -9,12 +9,15 @@ Usage: ``failures.py SCENARIO``; the last rank is the culprit.
 - ``kinds``: debug mode; the culprit enters bcast while the others enter allreduce.
 - ``grads``: debug mode; the culprit has a gradient the others lack (zero_fill=False).
 - ``recv_kind``: rank 0 expects an object, the culprit sends an array.
+- ``drift``: watchdog on; rank 0 works for twice the timeout before a barrier; nobody may time
+  out, since barrier is the untimed synchronisation point.
 - ``catch``: every rank catches a CollectiveTimeout-free mismatch and carries on (the error is
   an ordinary exception, raised on every rank alike).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -75,6 +78,12 @@ def main(scenario: str) -> None:
             comm.recv_obj(culprit, tag=1)
         elif r == culprit:
             comm.send(np.ones(2), 0, tag=1)
+    elif scenario == "drift":
+        if r == 0:
+            time.sleep(2 * float(os.environ["MNIFY_WATCHDOG_TIMEOUT"]))
+        comm.barrier()
+        total = comm.allreduce(np.ones(1))
+        print(f"AFTER {r} {float(total[0])}", flush=True)
     elif scenario == "catch":
         try:
             comm.allreduce(np.ones(2 + (r == culprit)))
