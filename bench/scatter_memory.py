@@ -19,6 +19,7 @@ import json
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,22 @@ def worker(impl: str, megabytes: int) -> None:
         dataset = chainer.datasets.TupleDataset(x, np.arange(rows, dtype=np.int32))
     comm.mpi_comm.Barrier()
     before = peak_rss_mb()
+    started = time.perf_counter()
     share = scatter(dataset, comm, shuffle=True, seed=0)
+    seconds = time.perf_counter() - started
     checksum = float(
         sum(float(share[i][0][0]) for i in range(0, len(share), max(1, len(share) // 50)))
     )
     after = peak_rss_mb()
     stats = comm.mpi_comm.gather(
-        {"rank": comm.rank, "before": before, "after": after, "n": len(share), "check": checksum},
+        {
+            "rank": comm.rank,
+            "before": before,
+            "after": after,
+            "n": len(share),
+            "check": checksum,
+            "seconds": seconds,
+        },
         root=0,
     )
     if comm.rank == 0:
@@ -102,21 +112,29 @@ def main() -> None:
         return
     results = {impl: launch(impl, args.n, args.mb) for impl in ("chainermn", "mnify")}
     print(f"scatter_dataset of a {args.mb} MB TupleDataset on {args.n} ranks (shuffled)")
-    print(f"{'impl':10} {'rank':>4} {'examples':>9} {'peak MB':>9} {'growth MB':>10}")
+    print(
+        f"{'impl':10} {'rank':>4} {'examples':>9} {'peak MB':>9} {'growth MB':>10} {'seconds':>8}"
+    )
     growth: dict[str, float] = {}
+    seconds: dict[str, float] = {}
     for impl, result in results.items():
         for r in result["ranks"]:
             print(
                 f"{impl:10} {r['rank']:>4} {r['n']:>9} {r['after']:>9.1f} "
-                f"{r['after'] - r['before']:>10.1f}"
+                f"{r['after'] - r['before']:>10.1f} {r['seconds']:>8.2f}"
             )
         non_root = [r for r in result["ranks"] if r["rank"] != 0]
         growth[impl] = max(r["after"] - r["before"] for r in non_root)
+        seconds[impl] = max(r["seconds"] for r in result["ranks"])
     if results["chainermn"]["ranks"][0]["check"] != results["mnify"]["ranks"][0]["check"]:
         print("warning: the two implementations gave rank 0 different examples")
     print(
         f"non-root peak growth: chainermn {growth['chainermn']:.1f} MB, "
         f"mnify {growth['mnify']:.1f} MB, ratio {growth['chainermn'] / max(growth['mnify'], 0.1):.1f}x"
+    )
+    print(
+        f"slowest rank's scatter time: chainermn {seconds['chainermn']:.2f} s, "
+        f"mnify {seconds['mnify']:.2f} s, ratio {seconds['chainermn'] / seconds['mnify']:.1f}x"
     )
 
 
