@@ -1,4 +1,4 @@
-"""MultiNodeChainList: a layer-wise split MLP trains like the single-process MLP."""
+"""MultiNodeChainList: layer-wise split models train like the single-process model."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(
-    ("n", "check"), [(2, "chain_list_two_ranks_round_trip"), (3, "chain_list_pipeline")]
-)
-def test_split_mlp_trains_like_single_process(n: int, check: str) -> None:
-    run = run_ranks(n, HERE / "ranks_chain_list.py", timeout=180)
+@pytest.mark.parametrize("n", [2, 3])
+def test_split_models_train_like_single_process(n: int) -> None:
+    # A backward that waits on the wrong peer is a deadlock: the watchdog turns it into an error.
+    env = {"MNIFY_WATCHDOG_TIMEOUT": "90"}
+    run = run_ranks(n, HERE / "ranks_chain_list.py", env=env, timeout=240)
     for r in range(n):
         lines = run.rank_lines(r)
-        assert f"CHECK {check} ok" in lines, run.describe()
-        assert "CHECK one_output_piece ok" in lines, run.describe()
+        for check in ("chain_list_line", "chain_list_fan", "one_output_piece"):
+            assert f"CHECK {check} ok" in lines, run.describe()
         assert "DONE" in lines, run.describe()

@@ -7,9 +7,12 @@ send to). Calling the chain runs the pieces in the order they were added, with `
 ``recv`` between ranks.
 
 Backward must reach every ``send`` (it receives the gradient the peer sends back), so the chain
-threads each send's delegate variable into what comes next: into the next ``recv``, into the next
-piece's input (``pseudo_connect``), or into the returned output. A rank that produces no model
-output returns the last delegate; calling ``backward()`` on it drives that rank's backward.
+threads each send's delegate variable into what comes next: into the next ``recv`` (preferred:
+backward then runs this rank's sends and receives in exactly the reverse of their forward order,
+which is what keeps two ranks that exchange in both directions from waiting on each other), else
+into the next piece's inputs (``pseudo_connect``), or into the returned output. A rank that
+produces no model output returns the last delegate; calling ``backward()`` on it drives that
+rank's backward.
 """
 
 from __future__ import annotations
@@ -77,15 +80,16 @@ class MultiNodeChainList(chainer.ChainList):
             else:
                 for source in ins:
                     if source == rank:
-                        received = to_self.popleft()
-                        if delegate is not None:
-                            received = pseudo_connect(delegate, *received)
-                            delegate = None
-                        args.extend(received)
+                        args.extend(to_self.popleft())
                     else:
+                        # The pending send's delegate goes into the recv: backward then runs
+                        # this rank's communication in exactly the reverse of forward order.
                         got = recv(self._comm, source, delegate_variable=delegate)
                         delegate = None
                         args.extend(_as_tuple(got))
+                if delegate is not None:  # only inputs sent to itself: tie the delegate to them
+                    args = list(pseudo_connect(delegate, *args))
+                    delegate = None
             y = piece(*args)
 
             if outs is None:
