@@ -30,7 +30,8 @@ CHECKS = [
 @pytest.mark.parametrize(("n", "debug"), [(2, "0"), (3, "1")])
 def test_functions_match_single_process(n: int, debug: str) -> None:
     # The 3-rank run also has MNIFY_DEBUG on: per-rank shapes that legitimately differ must pass.
-    run = run_ranks(n, HERE / "ranks_functions.py", env={"MNIFY_DEBUG": debug}, timeout=180)
+    env = {"MNIFY_DEBUG": debug, "MNIFY_WATCHDOG_TIMEOUT": "90"}  # a deadlock fails fast
+    run = run_ranks(n, HERE / "ranks_functions.py", env=env, timeout=240)
     for r in range(n):
         lines = run.rank_lines(r)
         missing = [c for c in CHECKS if f"CHECK {c} ok" not in lines]

@@ -22,7 +22,8 @@ CHECKS = [
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_iterators_agree_across_ranks(n: int) -> None:
-    run = run_ranks(n, HERE / "ranks_iterators.py", timeout=180)
+    env = {"MNIFY_WATCHDOG_TIMEOUT": "90"}  # a deadlock fails fast
+    run = run_ranks(n, HERE / "ranks_iterators.py", env=env, timeout=240)
     for r in range(n):
         lines = run.rank_lines(r)
         missing = [c for c in CHECKS if f"CHECK {c} ok" not in lines]
