@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.mpirun import run_ranks
+from tests.support.mpirun import RankRun, run_ranks
 
 SCRIPTS = Path(__file__).parent / "comm_scripts"
 pytestmark = pytest.mark.mpi
 
 
-def _assert_done(run, n: int, names: list[str], suffix: str = "") -> None:  # type: ignore[no-untyped-def]
+def _assert_done(run: RankRun, n: int, names: list[str], suffix: str = "") -> None:
     for r in range(n):
         lines = run.rank_lines(r)
         for name in names:
@@ -26,11 +26,18 @@ def _assert_done(run, n: int, names: list[str], suffix: str = "") -> None:  # ty
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_every_collective_matches_numpy(n: int) -> None:
-    names = ["naive", "flat", "hierarchical", "auto", "flat/small"]
+    names = ["naive", "flat", "hierarchical", "auto", "flat/small", "flat/mpi", "flat/small+mpi"]
     run = run_ranks(n, SCRIPTS / "collectives.py", names, timeout=180)
     _assert_done(run, n, names)
-    # one host, CPU only: auto is flat
-    assert all("CLASS auto flat" in run.rank_lines(r) for r in range(n))
+    for r in range(n):
+        lines = run.rank_lines(r)
+        # one host, CPU only: auto is flat
+        assert "CLASS auto flat" in lines
+        # flat averages through shared memory on one host unless told not to; others never do
+        shm = n > 1
+        assert f"SHM flat {shm}" in lines and f"SHM flat/small {shm}" in lines
+        assert "SHM flat/mpi False" in lines and "SHM flat/small+mpi False" in lines
+        assert "SHM naive False" in lines and "SHM hierarchical False" in lines
 
 
 @pytest.mark.parametrize(
@@ -45,7 +52,7 @@ def test_fake_hosts_hierarchical_and_flat(hosts: str, debug_and_watchdog: bool) 
     env = {"MNIFY_FAKE_HOSTS": hosts, "MNIFY_SMALL_BUCKETS": "1"}
     if debug_and_watchdog:
         env |= {"MNIFY_DEBUG": "1", "MNIFY_WATCHDOG_TIMEOUT": "60"}
-    names = ["hierarchical", "auto"] if not debug_and_watchdog else ["hierarchical", "naive"]
+    names = ["hierarchical", "auto"] if not debug_and_watchdog else ["hierarchical", "naive", "flat"]
     run = run_ranks(n, SCRIPTS / "collectives.py", names, env=env, timeout=180)
     _assert_done(run, n, names, suffix="/small")
     if not debug_and_watchdog:

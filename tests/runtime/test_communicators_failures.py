@@ -24,13 +24,15 @@ def _fails(n: int, scenario: str, env: dict[str, str] | None = None) -> RankRun:
     return run
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_watchdog_names_the_rank_that_never_arrives(n: int) -> None:
-    run = _fails(n, "sleep", {"MNIFY_WATCHDOG_TIMEOUT": "2"})
+@pytest.mark.parametrize(
+    ("n", "scenario", "seq"), [(2, "sleep", 1), (3, "sleep", 1), (3, "sleep_grads", 2)]
+)
+def test_watchdog_names_the_rank_that_never_arrives(n: int, scenario: str, seq: int) -> None:
+    run = _fails(n, scenario, {"MNIFY_WATCHDOG_TIMEOUT": "2"})
     culprit = n - 1
     assert "CollectiveTimeout" in run.output, run.describe()
     assert f"rank(s) {culprit} never arrived" in run.output, run.describe()
-    assert f"rank {culprit}: still before this collective (last entered #1)" in run.output
+    assert f"rank {culprit}: still before this collective (last entered #{seq})" in run.output
     # the sleeper itself never reaches the end, and no waiting rank blames anyone else
     assert f"END {culprit}" not in run.rank_lines(culprit)
     for r in range(culprit):

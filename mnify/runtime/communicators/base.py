@@ -27,7 +27,9 @@ from mpi4py import MPI
 
 from mnify.runtime import debug, kernels
 from mnify.runtime.communicators import _arrays as arr
+from mnify.runtime.communicators import shared_memory
 from mnify.runtime.communicators.buckets import PlanCache
+from mnify.runtime.communicators.shared_memory import SharedMemoryReducer
 from mnify.runtime.communicators.topology import Topology
 from mnify.runtime.debug import CallSignature
 from mnify.runtime.errors import CollectiveMismatch
@@ -75,6 +77,8 @@ class CommunicatorBase:
     """
 
     name: ClassVar[str] = "base"
+    # average gradient buckets through a shared segment when all ranks share one host
+    uses_shared_memory: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -100,6 +104,8 @@ class CommunicatorBase:
         self._finalized = False
         self._batched_copy = True
         self._config_depth = 0
+        self._shm: SharedMemoryReducer | None = None
+        self._shm_state = "unset"
 
     # -- topology -------------------------------------------------------------------------------
 
@@ -274,8 +280,28 @@ class CommunicatorBase:
         wire = arr.reduction_dtype(np.dtype(wire))
         plan = self._plans.get(arrays, wire, self.bucket_bytes, tag="reduce")
         flats, flush = arr.contiguous_views(arrays)
-        plan.run(flats, lambda buf: self._allreduce_into(buf, buf, MPI.SUM), scale)
+        shm = self._shared_memory()
+        if shm is not None and shm.fits(plan.buffer.nbytes):
+            for views, buf in plan.pieces(flats):
+                shm.mean(views, buf, scale, self._sync)
+        else:
+            plan.run(flats, lambda buf: self._allreduce_into(buf, buf, MPI.SUM), scale)
         flush()
+
+    def _sync(self) -> None:
+        """A barrier inside a collective (timed by the watchdog like the collective)."""
+        self._mpi(self.mpi_comm, "Barrier")
+
+    def _shared_memory(self) -> SharedMemoryReducer | None:
+        """The shared-memory bucket reducer, made at the first gradient reduction (collective);
+        None for classes that do not use it, when disabled, or when ranks span hosts."""
+        if self._shm_state == "unset":
+            reducer = None
+            if self.uses_shared_memory and shared_memory.enabled_by_env() and self.size > 1:
+                reducer = SharedMemoryReducer.create(self.mpi_comm, self.bucket_bytes)
+            self._shm = reducer
+            self._shm_state = "ready"
+        return self._shm
 
     def _reduce_staged(self, arrays: list[Any], scale: float) -> None:
         """:meth:`_reduce_arrays` for numpy or CuPy arrays (CuPy staged through the host)."""
@@ -640,5 +666,8 @@ class CommunicatorBase:
         self._finalized = True
         if self._watchdog is not None:
             self._watchdog.close()
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
         if not MPI.Is_finalized():
             self._free_comms()

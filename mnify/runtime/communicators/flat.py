@@ -1,8 +1,11 @@
-"""``flat``: every gradient packed into buckets, one MPI Allreduce per bucket.
+"""``flat``: every gradient packed into buckets, one reduction per bucket.
 
 The base class's bucketed reduction as is: gradients are walked in name order, cut into
 ``bucket_bytes`` pieces that are packed into one reused staging buffer, all-reduced, and unpacked
-with the 1/size scale fused (:mod:`mnify.runtime.communicators.buckets`).
+with the 1/size scale fused (:mod:`mnify.runtime.communicators.buckets`). When every rank
+runs on one host, buckets are averaged through a shared-memory segment instead of MPI Allreduce
+(one pass over the gradients instead of two, :mod:`mnify.runtime.communicators.shared_memory`);
+``MNIFY_SHARED_MEMORY=0`` turns that off.
 
 ``allreduce_grad_dtype`` sets the bucket's dtype (gradients are cast while packing and cast
 back while unpacking). float16 buckets are summed as float16 where MPI can (Open MPI 5's
@@ -16,6 +19,8 @@ from mnify.runtime.communicators.base import CommunicatorBase
 
 
 class FlatCommunicator(CommunicatorBase):
-    """Packed, bucketed reductions over MPI on host memory."""
+    """Packed, bucketed reductions on host memory: through shared memory on one host, MPI
+    Allreduce across hosts."""
 
     name = "flat"
+    uses_shared_memory = True

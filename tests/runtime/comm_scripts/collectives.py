@@ -61,10 +61,10 @@ def close(got: np.ndarray, want: np.ndarray, what: str, tol: float | None = None
     )
 
 
-def check(name: str, small_buckets: bool) -> None:
+def check(name: str, small_buckets: bool, mode: str = "") -> None:
     comm = create_communicator(name, bucket_bytes=64 if small_buckets else None)
     r, n = comm.rank, comm.size
-    tag = f"{name}{'/small' if small_buckets else ''}"
+    tag = f"{name}/{mode}" if mode else f"{name}{'/small' if small_buckets else ''}"
 
     def ok(what: str) -> None:
         print(f"PASS {tag} {what}", flush=True)
@@ -220,6 +220,12 @@ def check(name: str, small_buckets: bool) -> None:
         else:
             assert model.params["/none"].grad is None
         assert model.params["/lazy"].grad is None
+    # every rank ends with bit-identical gradients
+    for key in ("/a", "/h", "/d"):
+        mine = model.params[key].grad
+        for q, other in enumerate(comm.allgather(mine)):
+            assert np.array_equal(other, mine), f"{key}: rank {q} differs from rank {r}"
+    print(f"SHM {tag} {comm._shm is not None}", flush=True)
     # the same layout twice more: the cached plan and buffer are reused and stay correct
     for step in range(2):
         g = value(r, (6, 5), np.float32, step)
@@ -292,4 +298,7 @@ if __name__ == "__main__":
     small = os.environ.get("MNIFY_SMALL_BUCKETS") == "1"
     for arg in sys.argv[1:]:
         comm_name, _, mode = arg.partition("/")
-        check(comm_name, small or mode == "small")
+        modes = set(mode.split("+"))
+        # "mpi": reduce over MPI even where shared memory would do
+        os.environ["MNIFY_SHARED_MEMORY"] = "0" if "mpi" in modes else "1"
+        check(comm_name, small or "small" in modes, mode)

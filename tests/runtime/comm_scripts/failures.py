@@ -3,6 +3,7 @@
 Usage: ``failures.py SCENARIO``; the last rank is the culprit.
 
 - ``sleep``: the culprit sleeps past the watchdog timeout before an allreduce.
+- ``sleep_grads``: the same inside ``multi_node_mean_grad``.
 - ``sleep_p2p``: rank 0 waits for a message the culprit never sends.
 - ``raise``: the culprit raises while the others wait in an allreduce.
 - ``shapes``: debug mode; the culprit passes a different shape to allreduce.
@@ -51,6 +52,12 @@ def main(scenario: str) -> None:
         if r == culprit:
             time.sleep(60)
         comm.allreduce(np.ones(3, np.float32))
+    elif scenario == "sleep_grads":  # the wait is a barrier inside the shared-memory mean
+        model = Model({"/w": Param(np.ones((64, 64), np.float32))})
+        comm.multi_node_mean_grad(model)
+        if r == culprit:
+            time.sleep(60)
+        comm.multi_node_mean_grad(model)
     elif scenario == "sleep_p2p":
         if r == 0:
             comm.recv(culprit, tag=5)

@@ -1,0 +1,141 @@
+"""Averaging buckets through a shared-memory segment when every rank runs on one host.
+
+An MPI Allreduce followed by the 1/size pass reads and writes the gradients twice; on one host
+the mean can be had for one pass. Each rank writes its bucket, cast and scaled, into its own
+slot of a segment all ranks map; after one barrier every rank sums the slots, in rank order,
+straight into its gradients. Slots are double-buffered: bucket k uses parity k % 2, so the
+barrier of bucket k + 1 already proves that every rank has finished reading bucket k's slots
+before anyone overwrites them, and one barrier per bucket suffices.
+
+Every rank adds the slots in the same order, so all ranks get bit-identical results. The segment
+is a file under ``/dev/shm`` (or the temporary directory), created by rank 0 with its space
+reserved up front (``posix_fallocate``: a full tmpfs fails here instead of crashing later with
+SIGBUS), mapped by every rank and unlinked at once, so nothing outlives the job.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from mnify.runtime import kernels
+
+ENV = "MNIFY_SHARED_MEMORY"  # "0" turns this path off (MPI Allreduce instead)
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _segment_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+class SharedMemoryReducer:
+    """Bucket means across the ranks of ``comm``, all of which share one host's memory."""
+
+    def __init__(self, segment: mmap.mmap, rank: int, size: int, slot_bytes: int) -> None:
+        self._segment = segment
+        self.rank = rank
+        self.size = size
+        self.slot_bytes = slot_bytes
+        raw = np.frombuffer(segment, dtype=np.uint8)
+        self._slots = raw.reshape(2, size, slot_bytes)
+        self._parity = 0
+
+    @classmethod
+    def create(cls, comm: MPI.Intracomm, slot_bytes: int) -> SharedMemoryReducer | None:
+        """Collective. None when the ranks span several hosts or no segment could be made (then
+        callers reduce over MPI)."""
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        together = node.Get_size() == comm.Get_size()
+        node.Free()
+        if not together:
+            return None
+        rank, size = comm.Get_rank(), comm.Get_size()
+        nbytes = 2 * size * slot_bytes
+        path = None
+        if rank == 0:
+            path = os.path.join(_segment_dir(), f"mnify-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, nbytes)
+                finally:
+                    os.close(fd)
+            except OSError:
+                if os.path.exists(path):
+                    os.unlink(path)
+                path = None
+        path = comm.bcast(path, root=0)
+        if path is None:
+            return None
+        segment: mmap.mmap | None = None
+        try:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                segment = mmap.mmap(fd, nbytes)
+            finally:
+                os.close(fd)
+        except OSError:
+            segment = None
+        everyone = comm.allreduce(segment is not None, op=MPI.LAND)
+        if rank == 0:
+            os.unlink(path)  # every rank has it mapped (or gave up): the name is no longer needed
+        if not everyone:
+            if segment is not None:
+                segment.close()
+            return None
+        assert segment is not None
+        return cls(segment, rank, size, slot_bytes)
+
+    def fits(self, nbytes: int) -> bool:
+        return nbytes <= self.slot_bytes
+
+    def mean(
+        self,
+        views: Sequence[np.ndarray],
+        buf: np.ndarray,
+        scale: float,
+        barrier: Callable[[], None],
+    ) -> None:
+        """Replace the pieces ``views`` (1-D) by their sum over ranks times ``scale``.
+
+        ``buf`` is a staging buffer of the wire dtype holding at least the pieces' total size
+        (which must fit a slot); a bucket that is one piece of the wire dtype never touches it.
+        """
+        n = sum(int(v.size) for v in views)
+        wire = buf.dtype
+        parity = self._parity
+        self._parity ^= 1
+        slots = self._slots[parity, :, : n * wire.itemsize].view(wire)
+        kernels.pack(views, slots[self.rank], scale)
+        barrier()
+        if len(views) == 1 and views[0].dtype == wire:
+            out = views[0]
+        else:
+            out = buf[:n]
+        self._sum(slots, out)
+        if out is not views[0]:
+            kernels.unpack(out, views)
+
+    def _sum(self, slots: np.ndarray, out: np.ndarray) -> None:
+        if self.size == 1:
+            np.copyto(out, slots[0])
+            return
+        np.add(slots[0], slots[1], out=out)
+        for q in range(2, self.size):
+            np.add(out, slots[q], out=out)
+
+    def close(self) -> None:
+        self._slots = np.empty((2, 0, 0), dtype=np.uint8)
+        try:
+            self._segment.close()
+        except BufferError:  # a view is still alive somewhere; the mapping goes with the process
+            pass
