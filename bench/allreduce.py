@@ -11,8 +11,12 @@ the median is printed beside it:
 - (a) raw mpi4py ``Allreduce`` (in place) of the same bytes as one float32 buffer, cut in chunks of
   each size in a sweep; the best chunk size is the baseline. The sweep is also the evidence for
   the communicators' default bucket size.
-- mnify ``multi_node_mean_grad`` of ``flat`` (bucket sizes swept too), ``naive``, ``hierarchical``
-  on a stand-in model holding the 161 float32 gradients (25.5 M floats) of ResNet-50.
+- mnify ``multi_node_mean_grad`` of ``flat`` (bucket sizes swept too; on one host it averages
+  through shared memory, and once more with ``MNIFY_SHARED_MEMORY=0`` over MPI Allreduce, and
+  once under the watchdog), ``naive``, ``hierarchical``, on a stand-in model holding the 161
+  float32 gradients (25.5 M floats) of ResNet-50.
+- (a') raw Allreduce plus the 1/size pass a mean needs: the floor for any mean built on MPI
+  Allreduce.
 - (b) ChainerMN's ``naive`` communicator (inside chainer 7.8.1) on a Chainer Link holding the same
   parameters, when ``import chainermn`` works.
 
@@ -159,7 +163,13 @@ def main() -> None:
     default_flat = create_communicator("flat")
     flat_model = GradSet(shapes, rank)
     methods["mnify flat (default buckets)"] = lambda: default_flat.multi_node_mean_grad(flat_model)
-    os.environ["MNIFY_WATCHDOG_TIMEOUT"] = "600"  # read when a communicator is created
+    os.environ["MNIFY_SHARED_MEMORY"] = "0"  # read when a communicator is created
+    over_mpi = create_communicator("flat")
+    del os.environ["MNIFY_SHARED_MEMORY"]
+    comms.append(over_mpi)
+    mpi_model = GradSet(shapes, rank)
+    methods["mnify flat over MPI Allreduce"] = lambda: over_mpi.multi_node_mean_grad(mpi_model)
+    os.environ["MNIFY_WATCHDOG_TIMEOUT"] = "600"
     watched = create_communicator("flat")
     del os.environ["MNIFY_WATCHDOG_TIMEOUT"]
     comms.append(watched)

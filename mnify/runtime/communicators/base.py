@@ -105,7 +105,11 @@ class CommunicatorBase:
         self._batched_copy = True
         self._config_depth = 0
         self._shm: SharedMemoryReducer | None = None
-        self._shm_state = "unset"
+        # made lazily, at the first gradient reduction: "off" when this class or the
+        # environment (MNIFY_SHARED_MEMORY=0, read now) does not want it
+        self._shm_state = (
+            "unset" if self.uses_shared_memory and shared_memory.enabled_by_env() else "off"
+        )
 
     # -- topology -------------------------------------------------------------------------------
 
@@ -296,10 +300,8 @@ class CommunicatorBase:
         """The shared-memory bucket reducer, made at the first gradient reduction (collective);
         None for classes that do not use it, when disabled, or when ranks span hosts."""
         if self._shm_state == "unset":
-            reducer = None
-            if self.uses_shared_memory and shared_memory.enabled_by_env() and self.size > 1:
-                reducer = SharedMemoryReducer.create(self.mpi_comm, self.bucket_bytes)
-            self._shm = reducer
+            if self.size > 1:
+                self._shm = SharedMemoryReducer.create(self.mpi_comm, self.bucket_bytes)
             self._shm_state = "ready"
         return self._shm
 

@@ -299,6 +299,6 @@ if __name__ == "__main__":
     for arg in sys.argv[1:]:
         comm_name, _, mode = arg.partition("/")
         modes = set(mode.split("+"))
-        # "mpi": reduce over MPI even where shared memory would do
+        # "mpi": reduce over MPI even where shared memory would do (read at creation)
         os.environ["MNIFY_SHARED_MEMORY"] = "0" if "mpi" in modes else "1"
         check(comm_name, small or "small" in modes, mode)
