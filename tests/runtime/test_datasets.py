@@ -22,6 +22,13 @@ def test_scatter_dataset_on_ranks(n_ranks: int) -> None:
     run_script(n_ranks, "dataset_checks.py", CHECKS)
 
 
+@pytest.mark.mpi
+def test_scatter_device_arrays_with_cupy_stand_in() -> None:
+    run_script(
+        2, "dataset_device_checks.py", ["CuPy arrays arrive as CuPy arrays holding only the share"]
+    )
+
+
 def test_split_ranges_are_chainermns() -> None:
     chainermn_scatter = pytest.importorskip("chainermn.datasets.scatter")
     for size in range(1, 9):

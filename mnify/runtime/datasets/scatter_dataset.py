@@ -9,6 +9,7 @@ Here the root cuts each rank's share out and sends only that:
 
 * array-backed datasets (numpy arrays, ``TupleDataset``/``DictDataset`` of them, ``SubDataset`` and
   ``TransformDataset`` over those) travel as the rows of the share, received straight into arrays;
+  CuPy arrays travel the same way through host memory and land on each rank's current device;
 * Python lists and tuples travel as the pickled list of the share's examples;
 * any other dataset (lazy ones such as ``LabeledImageDataset`` that read files when indexed) is
   pickled as an object together with the share's indices, so nothing is loaded on the root.
@@ -150,6 +151,11 @@ class IndexedDataset(chainer.dataset.DatasetMixin):  # type: ignore[misc]
         return self._base[int(self._indices[i])]
 
 
+def _is_device_array_leaf(x: Any) -> bool:
+    """A CuPy array of examples (checked by type name: CuPy is not imported on CPU ranks)."""
+    return type(x).__module__.split(".")[0] == "cupy" and getattr(x, "ndim", 0) >= 1
+
+
 def _is_array_leaf(x: Any) -> bool:
     return isinstance(x, np.ndarray) and x.dtype != object and x.ndim >= 1
 
@@ -169,6 +175,10 @@ def _cut(dataset: Any, indices: np.ndarray, arrays: list[np.ndarray]) -> Any:
 
     A layout is a tuple whose first item says how to rebuild the share (see :func:`_assemble`).
     """
+    if _is_device_array_leaf(dataset):
+        # travels through host memory; each rank puts its share on its current device
+        arrays.append(dataset[indices].get())
+        return ("device_array",)
     if _is_array_leaf(dataset):
         arrays.append(_take(dataset, indices))
         return ("array",)
@@ -196,6 +206,10 @@ def _assemble(layout: Any, arrays: Iterator[np.ndarray]) -> Any:
     kind = layout[0]
     if kind == "array":
         return next(arrays)
+    if kind == "device_array":
+        import cupy
+
+        return cupy.asarray(next(arrays))
     if kind == "tuple":
         return chainer.datasets.TupleDataset(*[_assemble(part, arrays) for part in layout[1]])
     if kind == "dict":
