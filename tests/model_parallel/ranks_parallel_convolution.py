@@ -143,6 +143,23 @@ assert_close(
 )
 ok("whole_layer_helpers")
 
+# ---------------------------------------------------------------- per-rank snapshots
+np.random.seed(21)
+saved_layer = ParallelConvolution2D(comm, 3, 5, 3)
+writer = chainer.serializers.DictionarySerializer()
+saved_layer.serialize(writer)
+snapshots = comm.allgather_obj(writer.target)  # every rank's "file"
+restored = ParallelConvolution2D(comm, 3, 5, 3)
+restored.serialize(chainer.serializers.NpzDeserializer(snapshots[rank]))
+assert_close("snapshot W", restored.W.array, saved_layer.W.array, 0, 0)
+try:
+    restored.serialize(chainer.serializers.NpzDeserializer(snapshots[(rank + 1) % size]))
+except ValueError as error:
+    assert "snapshot" in str(error) and "per rank" in str(error), error
+else:
+    raise AssertionError("loading another rank's slice must fail")
+ok("per_rank_snapshot")
+
 # ---------------------------------------------------------------- float16 end to end
 np.random.seed(11)
 ref16 = L.Convolution2D(3, 5, 3, pad=1, initialW=chainer.initializers.Normal(0.3, dtype=np.float16))

@@ -19,6 +19,7 @@ CHECKS = [
     "data_input",
     "lazy_in_channels",
     "whole_layer_helpers",
+    "per_rank_snapshot",
     "float16",
 ]
 

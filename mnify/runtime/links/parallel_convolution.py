@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import chainer
 import chainer.functions as F
+import numpy as np
 from chainer import backend, initializers
 
 from mnify.runtime.functions.collective_communication import (
@@ -180,6 +181,9 @@ class ParallelConvolution2D(chainer.Link):
         self.channel_counts = channel_counts(self.out_channels, comm.size)
         self.channel_offset = channel_offsets(self.channel_counts)[comm.rank]
         self.local_out_channels = self.channel_counts[comm.rank]
+        # Saved with the parameters, so a snapshot of one rank's slice cannot be loaded into
+        # another rank's (same shapes, wrong channels) without an error: see serialize().
+        self.add_persistent("channel_slice", self._expected_slice())
         with self.init_scope():
             self.W = chainer.Parameter(
                 SliceOfFull(
@@ -202,6 +206,31 @@ class ParallelConvolution2D(chainer.Link):
         kh, kw = _pair(self.ksize)
         self.in_channels = int(in_channels)
         self.W.initialize((self.local_out_channels, self.in_channels, kh, kw))
+
+    def _expected_slice(self) -> np.ndarray:
+        return np.array(
+            [self.channel_offset, self.local_out_channels, self.out_channels], dtype=np.int64
+        )
+
+    def serialize(self, serializer: Any) -> None:
+        """Save or load this rank's slice; loading another rank's (or world size's) fails.
+
+        Each rank holds different channels, so model snapshots must be written by every rank
+        (one file per rank), not by rank 0 alone.
+        """
+        expected = self._expected_slice()
+        if isinstance(serializer, chainer.serializer.Deserializer):
+            # Check before the parameters load: a wrong slice may have the same shapes.
+            got = np.asarray(serializer("channel_slice", expected.copy())).astype(np.int64)
+            if not np.array_equal(got, expected):
+                raise ValueError(
+                    f"rank {self.comm.rank}: the snapshot holds output channels "
+                    f"{got[0]}..{got[0] + got[1] - 1} of {got[2]}, but this rank owns channels "
+                    f"{expected[0]}..{expected[0] + expected[1] - 1} of {expected[2]}: load the "
+                    "snapshot this rank wrote (model snapshots are per rank under channel "
+                    "parallelism)"
+                )
+        super().serialize(serializer)
 
     @property
     def printable_specs(self) -> Any:
