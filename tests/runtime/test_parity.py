@@ -23,6 +23,7 @@ CHECKS = [
     "one extra forward, in recomputing mode, only when lazy parameters appear",
     "update() without a loss function broadcasts first, then averages",
     "attributes pass through to the wrapped optimizer",
+    "a Trainer with StandardUpdater equals one process on the global batches",
 ]
 
 

@@ -345,3 +345,44 @@ def check_attribute_pass_through() -> None:
 
 check_attribute_pass_through()
 report(comm, "attributes pass through to the wrapped optimizer")
+
+
+def check_trainer_run() -> None:
+    """What a converted script does: scatter, StandardUpdater, Trainer; equals one process."""
+    from mnify.runtime.datasets.scatter_dataset import scatter_dataset
+
+    per_rank, iterations = 4, 3
+    n = per_rank * size * iterations
+    rng = np.random.RandomState(11)
+    data = chainer.datasets.TupleDataset(rng.randn(n, 5), rng.randint(0, 3, n).astype(np.int32))
+
+    np.random.seed(500 + rank)
+    model = L.Classifier(MLP(multi_node_bn, lazy=False))
+    opt = mn.create_multi_node_optimizer(chainer.optimizers.MomentumSGD(lr=0.1), comm)
+    opt.setup(model)
+    shard = scatter_dataset(data if rank == 0 else None, comm)
+    updater = chainer.training.StandardUpdater(
+        chainer.iterators.SerialIterator(shard, per_rank, shuffle=False), opt
+    )
+    chainer.training.Trainer(updater, (iterations, "iteration"), out=os.getcwd()).run()
+
+    np.random.seed(500)
+    ref = L.Classifier(MLP(plain_bn, lazy=False))
+    ref_opt = chainer.optimizers.MomentumSGD(lr=0.1)
+    ref_opt.setup(ref)
+    shard_len = n // size
+    for i in range(iterations):  # the global batch: every rank's i-th batch, in rank order
+        rows = np.concatenate(
+            [
+                np.arange(r * shard_len + i * per_rank, r * shard_len + (i + 1) * per_rank)
+                for r in range(size)
+            ]
+        )
+        ref_opt.update(ref, *chainer.dataset.concat_examples([data[int(j)] for j in rows]))
+    mine, expected = persistent_arrays(model), persistent_arrays(ref)
+    for key in expected:
+        assert_close(mine[key], expected[key], f"trainer {key}", 1e-5, 1e-12)
+
+
+check_trainer_run()
+report(comm, "a Trainer with StandardUpdater equals one process on the global batches")
