@@ -57,6 +57,38 @@ def dotted_name(expr: cst.BaseExpression) -> str | None:
     return None
 
 
+_LEAVES = (cst.Name, cst.BaseNumber, cst.SimpleString, cst.Ellipsis)
+
+
+def subexpressions(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The direct sub-expressions of an expression, in source order: a fast path for the
+    common node types (``CSTNode.children`` re-visits the node to collect them, with
+    whitespace and punctuation), falling back to ``children`` for the rest."""
+    if isinstance(node, _LEAVES):
+        return []
+    if isinstance(node, cst.Attribute):
+        return [node.value]
+    if isinstance(node, cst.Call):
+        return [node.func, *(arg.value for arg in node.args)]
+    if isinstance(node, (cst.BinaryOperation, cst.BooleanOperation)):
+        return [node.left, node.right]
+    if isinstance(node, cst.Comparison):
+        return [node.left, *(target.comparator for target in node.comparisons)]
+    if isinstance(node, cst.UnaryOperation):
+        return [node.expression]
+    if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+        return [element.value for element in node.elements]
+    if isinstance(node, cst.IfExp):
+        return [node.test, node.body, node.orelse]
+    if isinstance(node, cst.Subscript):
+        found: list[cst.CSTNode] = [node.value]
+        for element in node.slice:
+            if isinstance(element.slice, cst.Index):
+                found.append(element.slice.value)
+        return found
+    return list(node.children)
+
+
 def string_value(expr: cst.BaseExpression | None) -> str | None:
     """The value of a plain string literal, else None."""
     if isinstance(expr, cst.SimpleString):
@@ -214,7 +246,7 @@ class LintContext:
                 if kind in kinds:
                     return node
                 continue
-            stack.extend(reversed(node.children))
+            stack.extend(reversed(subexpressions(node)))
         return None
 
     def mentions_comm_size(self, expr: cst.CSTNode) -> bool:
@@ -230,7 +262,7 @@ class LintContext:
                     return True
             elif isinstance(node, cst.Name) and self.binding_kind(node) == "comm_size":
                 return True
-            stack.extend(node.children)
+            stack.extend(subexpressions(node))
         return False
 
     def is_rank_condition(self, test: cst.BaseExpression) -> bool:
