@@ -7,6 +7,7 @@ imports Chainer until a Chainer-facing name is touched.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,10 @@ def lazy_exports(
         module = names.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(f"{package}.{module}"), name)
+        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        # Cache it: later lookups skip __getattr__, and the binding cannot be changed later.
+        setattr(sys.modules[package], name, value)
+        return value
 
     def dir_() -> list[str]:
         return exported

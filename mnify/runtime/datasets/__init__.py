@@ -1,14 +1,12 @@
-"""Splitting a dataset among ranks."""
+"""Splitting a dataset among ranks.
+
+Chainer-facing: importing this package imports Chainer. The names are imported eagerly, so
+a submodule that shares its function's name (``scatter_dataset``) can never shadow the function.
+"""
 
 from __future__ import annotations
 
-from mnify._lazy import lazy_exports
+from mnify.runtime.datasets.empty_dataset import create_empty_dataset
+from mnify.runtime.datasets.scatter_dataset import scatter_dataset, scatter_index
 
-# public name -> module (relative to this package) that defines it; imported on first use
-_NAMES: dict[str, str] = {
-    "scatter_dataset": "scatter_dataset",
-    "scatter_index": "scatter_dataset",
-    "create_empty_dataset": "empty_dataset",
-}
-
-__getattr__, __dir__, __all__ = lazy_exports(__name__, _NAMES)
+__all__ = ["create_empty_dataset", "scatter_dataset", "scatter_index"]

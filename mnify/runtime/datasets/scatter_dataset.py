@@ -17,8 +17,6 @@ Here the root cuts each rank's share out and sends only that:
 
 from __future__ import annotations
 
-import sys
-import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -223,20 +221,3 @@ def _assemble(layout: Any, arrays: Iterator[np.ndarray]) -> Any:
     if kind == "indexed":
         return IndexedDataset(layout[1], layout[2])
     raise ValueError(f"unknown share layout {kind!r}")
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as its namesake function.
-
-    The package facade exports the function ``scatter_dataset`` lazily from this same-named module. Once
-    the module is imported, Python also binds the package attribute ``scatter_dataset`` to the module,
-    so ``mn.scatter_dataset(...)`` may reach the module instead of the function (the facade in
-    ``mnify/_lazy.py`` does not cache what it resolved). Calling the module calls the function,
-    so converted scripts work either way.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return scatter_dataset(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,13 +1,12 @@
-"""Trainer extensions that aggregate over ranks."""
+"""Trainer extensions that aggregate over ranks.
+
+Chainer-facing: importing this package imports Chainer. The names are imported eagerly, so
+a submodule that shares its function's name (``scatter_dataset``) can never shadow the function.
+"""
 
 from __future__ import annotations
 
-from mnify._lazy import lazy_exports
+from mnify.runtime.extensions.checkpoint import create_multi_node_checkpointer
+from mnify.runtime.extensions.multi_node_evaluator import create_multi_node_evaluator
 
-# public name -> module (relative to this package) that defines it; imported on first use
-_NAMES: dict[str, str] = {
-    "create_multi_node_evaluator": "multi_node_evaluator",
-    "create_multi_node_checkpointer": "checkpoint",
-}
-
-__getattr__, __dir__, __all__ = lazy_exports(__name__, _NAMES)
+__all__ = ["create_multi_node_checkpointer", "create_multi_node_evaluator"]

@@ -1,21 +1,32 @@
-"""Communication as Chainer functions, with backward, for model parallelism (and MNBN's function)."""
+"""Communication as Chainer functions, with backward, for model parallelism (and MNBN's function).
+
+Chainer-facing: importing this package imports Chainer. The names are imported eagerly, so
+a submodule that shares its function's name (``scatter_dataset``) can never shadow the function.
+"""
 
 from __future__ import annotations
 
-from mnify._lazy import lazy_exports
+from mnify.runtime.functions.batch_normalization import multi_node_batch_normalization
+from mnify.runtime.functions.collective_communication import (
+    allgather,
+    allreduce,
+    alltoall,
+    bcast,
+    gather,
+    scatter,
+)
+from mnify.runtime.functions.point_to_point_communication import recv, send
+from mnify.runtime.functions.pseudo_connect import pseudo_connect
 
-# public name -> module (relative to this package) that defines it; imported on first use
-_NAMES: dict[str, str] = {
-    "allgather": "collective_communication",
-    "alltoall": "collective_communication",
-    "bcast": "collective_communication",
-    "gather": "collective_communication",
-    "scatter": "collective_communication",
-    "allreduce": "collective_communication",
-    "send": "point_to_point_communication",
-    "recv": "point_to_point_communication",
-    "pseudo_connect": "pseudo_connect",
-    "multi_node_batch_normalization": "batch_normalization",
-}
-
-__getattr__, __dir__, __all__ = lazy_exports(__name__, _NAMES)
+__all__ = [
+    "allgather",
+    "allreduce",
+    "alltoall",
+    "bcast",
+    "gather",
+    "multi_node_batch_normalization",
+    "pseudo_connect",
+    "recv",
+    "scatter",
+    "send",
+]

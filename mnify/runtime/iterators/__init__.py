@@ -1,13 +1,12 @@
-"""Iterators that keep ranks in step: one reader broadcasting batches, or a shared shuffle order."""
+"""Iterators that keep ranks in step: one reader broadcasting batches, or a shared shuffle order.
+
+Chainer-facing: importing this package imports Chainer. The names are imported eagerly, so
+a submodule that shares its function's name (``scatter_dataset``) can never shadow the function.
+"""
 
 from __future__ import annotations
 
-from mnify._lazy import lazy_exports
+from mnify.runtime.iterators.multi_node_iterator import create_multi_node_iterator
+from mnify.runtime.iterators.synchronized_iterator import create_synchronized_iterator
 
-# public name -> module (relative to this package) that defines it; imported on first use
-_NAMES: dict[str, str] = {
-    "create_multi_node_iterator": "multi_node_iterator",
-    "create_synchronized_iterator": "synchronized_iterator",
-}
-
-__getattr__, __dir__, __all__ = lazy_exports(__name__, _NAMES)
+__all__ = ["create_multi_node_iterator", "create_synchronized_iterator"]

@@ -1,15 +1,19 @@
-"""Chainer links that communicate: synchronised batch norm, channel-parallel convolution, layer-wise model splits."""
+"""Chainer links that communicate: synchronised batch norm, channel-parallel convolution, layer-wise model splits.
+
+Chainer-facing: importing this package imports Chainer. The names are imported eagerly, so
+a submodule that shares its function's name (``scatter_dataset``) can never shadow the function.
+"""
 
 from __future__ import annotations
 
-from mnify._lazy import lazy_exports
+from mnify.runtime.links.batch_normalization import MultiNodeBatchNormalization
+from mnify.runtime.links.create_mnbn_model import create_mnbn_model
+from mnify.runtime.links.multi_node_chain_list import MultiNodeChainList
+from mnify.runtime.links.parallel_convolution import ParallelConvolution2D
 
-# public name -> module (relative to this package) that defines it; imported on first use
-_NAMES: dict[str, str] = {
-    "MultiNodeBatchNormalization": "batch_normalization",
-    "create_mnbn_model": "create_mnbn_model",
-    "ParallelConvolution2D": "parallel_convolution",
-    "MultiNodeChainList": "multi_node_chain_list",
-}
-
-__getattr__, __dir__, __all__ = lazy_exports(__name__, _NAMES)
+__all__ = [
+    "MultiNodeBatchNormalization",
+    "MultiNodeChainList",
+    "ParallelConvolution2D",
+    "create_mnbn_model",
+]

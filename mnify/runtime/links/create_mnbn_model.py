@@ -7,10 +7,8 @@ site becomes ``model = mn.links.create_mnbn_model(model, comm)``.
 from __future__ import annotations
 
 import copy
-import sys
-import types
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import chainer
 
@@ -105,20 +103,3 @@ def create_mnbn_model(
     clone = copy.deepcopy(link)
     _replace_in_place(clone, comm, communication_backend)
     return clone
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as its namesake function.
-
-    The package facade exports the function ``create_mnbn_model`` lazily from this same-named module. Once
-    the module is imported, Python also binds the package attribute ``create_mnbn_model`` to the module,
-    so ``mn.links.create_mnbn_model(...)`` may reach the module instead of the function (the facade in
-    ``mnify/_lazy.py`` does not cache what it resolved). Calling the module calls the function,
-    so converted scripts work either way.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return create_mnbn_model(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
