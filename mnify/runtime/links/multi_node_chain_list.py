@@ -43,7 +43,19 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
 
 
 class MultiNodeChainList(chainer.ChainList):
-    """A ``ChainList`` whose pieces exchange inputs and outputs with other ranks."""
+    """A ``ChainList`` whose pieces exchange inputs and outputs with other ranks.
+
+    A two-stage MLP, the first half on rank 0 and the second (with the output) on rank 1::
+
+        model = mn.links.MultiNodeChainList(comm)
+        if comm.rank == 0:
+            model.add_link(FirstHalf(), rank_in=None, rank_out=1)
+        else:
+            model.add_link(SecondHalf(), rank_in=0, rank_out=None)
+        y = model(x)  # rank 1: the output; rank 0: a delegate variable
+        loss = F.softmax_cross_entropy(y, t) if comm.rank == 1 else y
+        loss.backward()  # on both ranks
+    """
 
     def __init__(self, comm: CommunicatorBase) -> None:
         super().__init__()
