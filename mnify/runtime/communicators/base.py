@@ -285,7 +285,7 @@ class CommunicatorBase:
         plan = self._plans.get(arrays, wire, self.bucket_bytes, tag="reduce")
         flats, flush = arr.contiguous_views(arrays)
         shm = self._shared_memory()
-        if shm is not None and shm.fits(plan.buffer.nbytes):
+        if shm is not None and wire.kind in "fiuc" and shm.fits(plan.buffer.nbytes):
             for views, buf in plan.pieces(flats):
                 shm.mean(views, buf, scale, self._sync)
         else:
