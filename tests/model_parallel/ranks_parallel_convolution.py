@@ -9,11 +9,14 @@ helpers. Prints ``CHECK <name> ok`` per check and ``DONE``.
 
 from __future__ import annotations
 
+import os
+
 import chainer
 import chainer.functions as F
 import chainer.links as L
 import numpy as np
 
+from mnify.runtime.errors import CollectiveMismatch
 from mnify.runtime.links import ParallelConvolution2D
 from tests.model_parallel.rank_common import assert_close, make_comm
 
@@ -184,5 +187,17 @@ assert xp_.grad.dtype == np.float16 and par16.W.grad.dtype == np.float16
 assert_close("fp16 grad x", xp_.grad, xr.grad, 1e-2, 1e-2)
 assert_close("fp16 grad W", par16.W.grad, ref16.W.grad[par16.local_slice()], 1e-2, 1e-2)
 ok("float16")
+
+# ---------------------------------------------------------------- MNIFY_DEBUG: diverged replicas
+if os.environ.get("MNIFY_DEBUG") == "1":
+    layer = ParallelConvolution2D(comm, 2, 3, 1)
+    diverged = np.full((1, 2, 2, 2), 1.0 if rank == size - 1 else 0.0, np.float32)
+    try:
+        layer(diverged)
+    except CollectiveMismatch as error:
+        assert f"rank(s) {size - 1} hold" in str(error), error
+    else:
+        raise AssertionError("different inputs on different ranks must be reported")
+    ok("debug_diverged_input")
 
 print("DONE", flush=True)

@@ -46,7 +46,10 @@ def test_converted_cnn_trains_like_the_original(tmp_path: Path, n: int) -> None:
         timeout=300,
     )
     assert single.returncode == 0, single.stdout + single.stderr
-    run_ranks(n, converted, ["--epoch", "2", "--out", "parallel"], cwd=tmp_path, timeout=300)
+    # On 3 ranks MNIFY_DEBUG=1 also checks, layer by layer, that the replicas stay identical.
+    env = {"MNIFY_DEBUG": "1" if n == 3 else "0", "MNIFY_WATCHDOG_TIMEOUT": "120"}
+    args = ["--epoch", "2", "--out", "parallel"]
+    run_ranks(n, converted, args, cwd=tmp_path, env=env, timeout=300)
 
     want, got = log_of(tmp_path / "single"), log_of(tmp_path / "parallel")
     assert [e["epoch"] for e in got] == [e["epoch"] for e in want] == [1, 2]

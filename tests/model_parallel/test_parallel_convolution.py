@@ -25,13 +25,15 @@ CHECKS = [
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [2, 3])
-def test_parallel_convolution_matches_convolution2d(n: int) -> None:
-    env = {"MNIFY_WATCHDOG_TIMEOUT": "90"}  # a deadlock fails fast
+@pytest.mark.parametrize(("n", "debug"), [(2, "0"), (3, "1")])
+def test_parallel_convolution_matches_convolution2d(n: int, debug: str) -> None:
+    # MNIFY_DEBUG=1 (3 ranks) also checks every layer's input is the same on every rank.
+    env = {"MNIFY_WATCHDOG_TIMEOUT": "90", "MNIFY_DEBUG": debug}  # a deadlock fails fast
     run = run_ranks(n, HERE / "ranks_parallel_convolution.py", env=env, timeout=240)
+    expected = CHECKS + (["debug_diverged_input"] if debug == "1" else [])
     for r in range(n):
         lines = run.rank_lines(r)
-        missing = [c for c in CHECKS if f"CHECK {c} ok" not in lines]
+        missing = [c for c in expected if f"CHECK {c} ok" not in lines]
         assert not missing, f"rank {r} did not pass {missing}\n{run.describe()}"
         assert "DONE" in lines, run.describe()
 

@@ -27,6 +27,7 @@ the slice is ``local_out_channels`` channels starting at ``channel_offset``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,8 @@ import chainer.functions as F
 import numpy as np
 from chainer import backend, initializers
 
+from mnify.runtime import debug
+from mnify.runtime.errors import CollectiveMismatch, format_ranks
 from mnify.runtime.functions.collective_communication import (
     allreduce_sum,
     array_module,
@@ -83,6 +86,27 @@ class SliceOfFull(chainer.Initializer):
             dtype=array.dtype,
         )
         array[...] = full[self.start : self.start + array.shape[0]]
+
+
+def check_replicated(comm: CommunicatorBase, x: Any, what: str) -> None:
+    """``MNIFY_DEBUG=1``: raise on every rank unless ``x`` is bit-identical on all of them.
+
+    Channel parallelism is exact only while the replicas agree (same batches, same seeds); this
+    catches diverged replicas at the first layer that sees them instead of training on quietly.
+    """
+    array = backend.CpuDevice().send(chainer.as_array(x))
+    digest = hashlib.sha1(np.ascontiguousarray(array).tobytes()).hexdigest()
+    digests = comm.allgather_obj((array.dtype.str, array.shape, digest))
+    groups: dict[Any, list[int]] = {}
+    for r, d in enumerate(digests):
+        groups.setdefault(d, []).append(r)
+    if len(groups) > 1:
+        parts = "; ".join(f"rank(s) {format_ranks(rs)} hold one version" for rs in groups.values())
+        raise CollectiveMismatch(
+            f"{what} differs between ranks ({parts}): channel-parallel layers need every rank "
+            "to run the same model on the same batch (create_multi_node_iterator, the same "
+            "random seed on every rank)"
+        )
 
 
 class _ReplicatedInput(chainer.FunctionNode):
@@ -249,6 +273,8 @@ class ParallelConvolution2D(chainer.Link):
         """The full convolution output (all ``out_channels``), identical on every rank."""
         if self.W.array is None:
             self._initialize_params(x.shape[1])
+        if debug.enabled():
+            check_replicated(self.comm, x, "ParallelConvolution2D input")
         if isinstance(x, chainer.Variable) and x.requires_grad:
             x = _ReplicatedInput(self.comm).apply((x,))[0]
         y_local = F.convolution_2d(x, self.W, self.b, self.stride, self.pad, dilate=self.dilate)
