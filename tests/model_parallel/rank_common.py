@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 
 def make_comm() -> Any:
-    """The CPU communicator every rank script tests against."""
+    """The CPU communicator the rank scripts test against (``MNIFY_TEST_COMMUNICATOR``: naive)."""
     from mnify import runtime as mn
 
-    return mn.create_communicator("naive")
+    return mn.create_communicator(os.environ.get("MNIFY_TEST_COMMUNICATOR", "naive"))
 
 
 def assert_close(name: str, got: Any, want: Any, rtol: float = 1e-5, atol: float = 1e-6) -> None:
