@@ -30,27 +30,44 @@ def results(run: RankRun, n: int) -> list[dict[str, object]]:
     return [found[r] for r in range(n)]
 
 
-def expected_topology(slots: list[int]) -> list[list[int]]:
-    """[intra_rank, intra_size, inter_rank, inter_size] per rank when ranks fill hosts in order."""
-    out = []
-    for host, count in enumerate(slots):
-        out += [[i, count, host, len(slots)] for i in range(count)]
-    return out
+LAYOUTS = {
+    # hostfile slots, extra mpiexec flags, each rank's host, its
+    # [intra_rank, intra_size, inter_rank, inter_size]
+    "2x2": (
+        [2, 2],
+        [],
+        ["mna", "mna", "mnb", "mnb"],
+        [[0, 2, 0, 2], [1, 2, 0, 2], [0, 2, 1, 2], [1, 2, 1, 2]],
+    ),
+    "slots-2-1-1": (
+        [2, 1, 1],
+        [],
+        ["mna", "mna", "mnb", "mnc"],
+        [[0, 2, 0, 3], [1, 2, 0, 3], [0, 1, 1, 3], [0, 1, 2, 3]],
+    ),
+    # Round-robin placement: a host's ranks are not contiguous (0 and 2 share mna).
+    "2x2-map-by-node": (
+        [2, 2],
+        ["--map-by", "node"],
+        ["mna", "mnb", "mna", "mnb"],
+        [[0, 2, 0, 2], [0, 2, 1, 2], [1, 2, 0, 2], [1, 2, 1, 2]],
+    ),
+}
 
 
-@pytest.mark.parametrize("slots", [[2, 2], [2, 1, 1]], ids=["2x2", "slots-2-1-1"])
-def test_topology_averaging_and_scatter_across_hosts(bed3: TestBed, slots: list[int]) -> None:
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_topology_averaging_and_scatter_across_hosts(bed3: TestBed, layout: str) -> None:
+    slots, flags, hosts, topology = LAYOUTS[layout]
     n = sum(slots)
-    run = bed3.run(slots, SCRIPTS / "across_hosts.py", timeout=120)
+    run = bed3.run(slots, SCRIPTS / "across_hosts.py", timeout=120, mpiexec_args=flags)
     seen = results(run, n)
-    hosts = [h.name for h, s in zip(bed3.hosts, slots, strict=False) for _ in range(s)]
     assert [r["processor"] for r in seen] == hosts
     for name in ("hierarchical", "flat", "naive"):
-        assert [r[name] for r in seen] == expected_topology(slots), name
+        assert [r[name] for r in seen] == topology, name
     # Several hosts and a host with several ranks: auto picks hierarchical on CPU.
     assert {r["auto"] for r in seen} == {"hierarchical"}
-    shares = [r["scatter"] for r in seen]
-    assert len({tuple(s) for s in shares}) == n  # each rank its own share  # type: ignore[arg-type]
+    shares = [tuple(r["scatter"]) for r in seen]  # type: ignore[arg-type]
+    assert len(set(shares)) == n  # each rank its own share
 
 
 CHAINER_SCRIPTS = [
