@@ -12,7 +12,8 @@ Measured in the same run:
   ``ParallelConvolution2D``) on n ranks, batches from ``create_multi_node_iterator``.
 
 Step time is the slowest rank's mean over ``--steps`` steps after warm-up, median of ``--reps``
-repetitions; parameter memory is the largest rank's bytes of parameter arrays. Both are printed
+repetitions ("comm ms": the part of it spent in the communicator's allgather, allreduce and
+bcast_obj, on that rank); parameter memory is the largest rank's bytes of parameter arrays. Both are printed
 as ratios to the baseline. The seed reports channel parallelism at about 2x the single-GPU
 time for DCGAN (on GPUs with NCCL; here: CPU ranks over MPI on a shared machine).
 """
@@ -58,6 +59,7 @@ def measure(args: argparse.Namespace, script: Path, parallel: bool) -> dict[str,
         from mnify import runtime as mn
 
         comm = mn.create_communicator("naive")
+        comm_seconds = time_communication(comm)
         model = L.Classifier(module.CNN(ch=args.ch, comm=comm))
     else:
         model = L.Classifier(module.CNN(ch=args.ch))
@@ -72,25 +74,47 @@ def measure(args: argparse.Namespace, script: Path, parallel: bool) -> dict[str,
     def step() -> None:
         optimizer.update(model, *concat_examples(next(iterator)))
 
-    times = []
+    times, comm_times = [], []
     for _ in range(args.reps):
         iterator.reset()
         for _ in range(args.warmup):
             step()
         if comm is not None:
             comm.barrier()
+        if comm is not None:
+            comm_seconds[0] = 0.0
         start = time.perf_counter()
         for _ in range(args.steps):
             step()
         elapsed = (time.perf_counter() - start) / args.steps
         if comm is not None:
-            elapsed = max(comm.allgather_obj(elapsed))
+            slowest = max(comm.allgather_obj((elapsed, comm_seconds[0] / args.steps)))
+            elapsed = slowest[0]
+            comm_times.append(slowest[1])
         times.append(elapsed)
     param_bytes = sum(int(p.array.nbytes) for p in model.params())
     per_rank = comm.allgather_obj(param_bytes) if comm is not None else [param_bytes]
     if comm is not None and comm.rank != 0:
         return None
-    return {"step_s": float(np.median(times)), "param_bytes": per_rank}
+    comm_s = float(np.median(comm_times)) if comm_times else 0.0
+    return {"step_s": float(np.median(times)), "comm_s": comm_s, "param_bytes": per_rank}
+
+
+def time_communication(comm: Any) -> list[float]:
+    """Wrap the collectives the model-parallel pieces use; returns the running total (seconds)."""
+    total = [0.0]
+    for name in ("allgather", "allreduce", "bcast_obj"):
+        method = getattr(comm, name)
+
+        def timed(*a: Any, _method: Any = method, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _method(*a, **k)
+            finally:
+                total[0] += time.perf_counter() - start
+
+        setattr(comm, name, timed)
+    return total
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -152,12 +176,15 @@ def main() -> None:
         f"CNN ch={args.ch}, {args.size}x{args.size} input, batch {args.batch}, "
         f"{args.steps} steps x {args.reps} reps (median of slowest rank)"
     )
-    print(f"{'run':<22} {'step ms':>9} {'x orig':>7} {'params/rank KiB':>16} {'x orig':>7}")
+    print(
+        f"{'run':<22} {'step ms':>9} {'x orig':>7} {'comm ms':>8} "
+        f"{'params/rank KiB':>16} {'x orig':>7}"
+    )
     for name, r in rows:
         mem = max(r["param_bytes"])
         print(
             f"{name:<22} {r['step_s'] * 1e3:>9.2f} {r['step_s'] / base['step_s']:>7.2f} "
-            f"{mem / 1024:>16.1f} {mem / max(base['param_bytes']):>7.2f}"
+            f"{r['comm_s'] * 1e3:>8.2f} {mem / 1024:>16.1f} {mem / max(base['param_bytes']):>7.2f}"
         )
 
 
