@@ -12,7 +12,7 @@ Measured in the same run:
   ``ParallelConvolution2D``) on n ranks, batches from ``create_multi_node_iterator``.
 
 Step time is the slowest rank's mean over ``--steps`` steps after warm-up, median of ``--reps``
-repetitions ("comm ms": the part of it spent in the communicator's allgather, allreduce and
+repetitions run round-robin over the configurations ("comm ms": the part of it spent in the communicator's allgather, allreduce and
 bcast_obj, on that rank); parameter memory is the largest rank's bytes of parameter arrays. Both are printed
 as ratios to the baseline. The seed reports channel parallelism at about 2x the single-GPU
 time for DCGAN (on GPUs with NCCL; here: CPU ranks over MPI on a shared machine).
@@ -125,7 +125,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_worker(args: argparse.Namespace, script: Path, ranks: int | None) -> dict[str, Any]:
     flags = ["--ch", str(args.ch), "--size", str(args.size), "--batch", str(args.batch)]
-    flags += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--reps", str(args.reps)]
+    flags += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--reps", "1"]
     cmd = [sys.executable, __file__, "--worker", str(script), *flags]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(REPO))
     if ranks is not None:
@@ -139,6 +139,12 @@ def run_worker(args: argparse.Namespace, script: Path, ranks: int | None) -> dic
             result: dict[str, Any] = json.loads(line[len("RESULT ") :])
             return result
     raise RuntimeError(f"no result from {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+
+
+def median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The repetition with the median step time (its comm time and memory come with it)."""
+    ordered = sorted(results, key=lambda r: float(r["step_s"]))
+    return ordered[len(ordered) // 2]
 
 
 def main() -> None:
@@ -165,12 +171,17 @@ def main() -> None:
             check=True,
             capture_output=True,
         )
-        base = run_worker(args, FIXTURE, None)
-        rows = [("original, 1 process", base)]
+        configs: list[tuple[str, Path, int | None]] = [("original, 1 process", FIXTURE, None)]
         for n in [int(r) for r in args.ranks.split(",")]:
-            rows.append(
-                (f"converted, {n} rank{'s' if n > 1 else ''}", run_worker(args, converted, n))
-            )
+            configs.append((f"converted, {n} rank{'s' if n > 1 else ''}", converted, n))
+        # Round-robin over the configurations, one repetition each per round, so that load from
+        # other work on a shared machine falls on every configuration alike.
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in configs}
+        for _ in range(args.reps):
+            for name, script, ranks in configs:
+                runs[name].append(run_worker(args, script, ranks))
+        rows = [(name, median_run(results)) for name, results in runs.items()]
+        base = rows[0][1]
 
     print(
         f"CNN ch={args.ch}, {args.size}x{args.size} input, batch {args.batch}, "
