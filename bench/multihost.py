@@ -2,7 +2,7 @@
 
 Run (root; builds and always removes its own test bed)::
 
-    .venv/bin/python bench/multihost.py [--rate 1gbit] [--reps 5] [--slots 2 2]
+    .venv/bin/python bench/multihost.py [--rate 1gbit] [--reps 5] [--slots 2 2] [--map-by node] [--shm]
 
 Two hosts (network namespaces on a bridge, see docs/testbed.md) with two ranks each; every
 host's cable is limited to ``--rate`` in both directions with ``tc tbf``. Each rank holds
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -79,14 +80,21 @@ def worker(reps: int) -> None:
         comm.finalize()
 
 
-def drive(rate: str, reps: int, slots: list[int]) -> None:
+def drive(
+    rate: str, reps: int, slots: list[int], map_by: str, shm: bool, mpi_args: list[str]
+) -> None:
     from tests.support.testbed import testbed
 
     with testbed(len(slots)) as bed:
+        bed.intra_host_shm = shm
         if rate != "none":
             bed.limit_rate(rate)
         run = bed.run(
-            slots, Path(__file__), ["--worker", "--reps", str(reps)], timeout=60 + reps * 120
+            slots,
+            Path(__file__),
+            ["--worker", "--reps", str(reps)],
+            timeout=60 + reps * 120,
+            mpiexec_args=["--map-by", map_by, *mpi_args],
         )
     lines = [line for line in run.rank_lines(0) if line.startswith("BENCH ")]
     if not lines:
@@ -98,7 +106,9 @@ def drive(rate: str, reps: int, slots: list[int]) -> None:
     print(
         f"ResNet-50 gradients: {result['arrays']} float32 arrays, {result['floats']:,} floats "
         f"({result['floats'] * 4 / 1e6:.1f} MB); hosts {', '.join(hosts)} with slots "
-        f"{slots}; links limited to {rate} each way; best and median of {reps} reps"
+        f"{slots} (ranks mapped by {map_by}; same-host ranks over "
+        f"{'shared memory' if shm else 'TCP'}); links limited to {rate} each way; "
+        f"best and median of {reps} reps{'; ' + ' '.join(mpi_args) if mpi_args else ''}"
     )
     header = f"{'method':<14}{'best s':>9}{'median s':>10}{'hier faster':>13}"
     header += "".join(f"{'MB sent ' + h:>14}" for h in hosts)
@@ -117,12 +127,27 @@ def main() -> None:
     parser.add_argument("--rate", default="1gbit", help="tc rate per link and direction, or none")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--slots", type=int, nargs="+", default=[2, 2], help="ranks per host")
+    parser.add_argument(
+        "--map-by",
+        default="slot",
+        choices=["slot", "node"],
+        help="slot: fill each host first (ranks 0,1 on mna); node: round-robin over hosts",
+    )
+    parser.add_argument(
+        "--shm", action="store_true", help="ranks on one host talk through shared memory"
+    )
+    parser.add_argument(
+        "--mpi-args",
+        default="",
+        help="extra mpiexec arguments, e.g. '--mca coll_tuned_use_dynamic_rules 1 "
+        "--mca coll_tuned_allreduce_algorithm 4' (ring all-reduce)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.reps)
     else:
-        drive(args.rate, args.reps, args.slots)
+        drive(args.rate, args.reps, args.slots, args.map_by, args.shm, shlex.split(args.mpi_args))
 
 
 if __name__ == "__main__":

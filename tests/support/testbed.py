@@ -251,6 +251,10 @@ class TestBed:
     hosts: list[Host]
     bridge: str
     state_dir: Path
+    intra_host_shm: bool = False
+    """Let ranks on the same host use shared memory (``btl sm``), as on a real node. Off by
+    default so even same-host traffic goes through sockets; ranks on different hosts never use
+    it either way (Open MPI pairs only ranks its daemons report on one host)."""
     _jobs: int = 0
 
     __test__ = False  # not a pytest test class despite the name
@@ -299,7 +303,7 @@ class TestBed:
             SUBNET,
             "--mca",
             "btl",
-            "tcp,self",
+            "tcp,sm,self" if self.intra_host_shm else "tcp,self",
             "--mca",
             "pml",
             "ob1",
