@@ -109,3 +109,21 @@ def test_stale_beds_of_dead_processes_are_cleaned_and_live_ones_kept(
     assert stale_netns in removed and stale_bridge in removed
     assert stale_netns not in _our_netns() and stale_bridge not in _our_links()
     assert live.hosts[0].netns in _our_netns()
+
+
+def test_agent_behaves_like_ssh(bed3: TestBed) -> None:
+    """Open MPI hands the agent ssh options, a host and one shell string; unknown hosts fail
+    with ssh's 255."""
+
+    def agent(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(AGENT), *args], env=bed3.env(), capture_output=True, text=True, timeout=30
+        )
+
+    shell = agent("-x", "-o", "BatchMode=yes", "mnb", 'echo "two  spaces";', "hostname")
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout.splitlines() == ["two  spaces", "mnb"]
+    exact = agent("--exec", "mnc", "echo", "two  spaces; not a command")
+    assert exact.stdout == "two  spaces; not a command\n"
+    missing = agent("mnz", "true")
+    assert missing.returncode == 255 and "no host 'mnz'" in missing.stderr
