@@ -28,6 +28,7 @@ from mnify.lint.rules.device import (
     DeviceSelectedAfterPlacement,
     DeviceSelectedTwice,
     GpuIdFromGlobalRank,
+    ImplicitDeviceWithoutSelection,
 )
 from mnify.lint.rules.extensions import FileSavedOnEveryRank, UnguardedReportingExtension
 from mnify.lint.rules.fork import (
@@ -45,6 +46,7 @@ ALL_RULES: tuple[type[Rule], ...] = tuple(
             DeviceSelectedAfterPlacement,
             DeviceSelectedTwice,
             GpuIdFromGlobalRank,
+            ImplicitDeviceWithoutSelection,
             DumpGraphUnderMpi,
             MultiprocessIteratorWithoutForkserver,
             SubprocessUnderMpi,

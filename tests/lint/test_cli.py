@@ -252,3 +252,11 @@ def test_stdin(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert result.stdout.splitlines()[0].startswith("train.py:5:16: MN401 ")
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, ids=[r.code for r in ALL_RULES])
+def test_explain_every_rule(rule: type) -> None:
+    code, out, _ = invoke("explain", rule.code.lower())
+    assert code == 0
+    assert out.startswith(f"{rule.code} ({rule.name})")
+    assert rule.bad.splitlines()[-1] in out and rule.good.splitlines()[-1] in out
