@@ -10,6 +10,7 @@ the rule ``applies_to`` (a rule cannot know a file is distributed before the wal
 from __future__ import annotations
 
 import enum
+import inspect
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -77,6 +78,4 @@ class Rule:
     @classmethod
     def condition(cls) -> str:
         """The precise firing condition (the class docstring, dedented)."""
-        import inspect
-
         return inspect.cleandoc(cls.__doc__ or "")
