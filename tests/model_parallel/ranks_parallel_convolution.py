@@ -34,10 +34,16 @@ def data(seed: int, shape: tuple[int, ...]) -> np.ndarray:
     return np.random.RandomState(seed).uniform(-1, 1, shape).astype(np.float32)
 
 
-def check_layer(name: str, in_ch: int, out_ch: int, ksize: int, stride: int, pad: int) -> None:
+Pair = int | tuple[int, int]
+
+
+def check_layer(
+    name: str, in_ch: int, out_ch: int, ksize: Pair, stride: Pair, pad: Pair, dilate: Pair = 1
+) -> None:
     np.random.seed(out_ch)  # the same reference layer on every rank
-    conv = L.Convolution2D(in_ch, out_ch, ksize, stride, pad, initial_bias=data(1, (out_ch,)))
-    par = ParallelConvolution2D(comm, in_ch, out_ch, ksize, stride, pad)
+    bias = data(1, (out_ch,))
+    conv = L.Convolution2D(in_ch, out_ch, ksize, stride, pad, initial_bias=bias, dilate=dilate)
+    par = ParallelConvolution2D(comm, in_ch, out_ch, ksize, stride, pad, dilate=dilate)
     par.load_full_weights(conv.W.array, conv.b.array)
     counts = [out_ch // size + (1 if r < out_ch % size else 0) for r in range(size)]
     start = sum(counts[:rank])
@@ -47,7 +53,7 @@ def check_layer(name: str, in_ch: int, out_ch: int, ksize: int, stride: int, pad
         par.in_channels,
         par.out_channels,
     )
-    assert par.W.shape == (counts[rank], in_ch, ksize, ksize), par.W.shape
+    assert par.W.shape == (counts[rank], *conv.W.shape[1:]), par.W.shape
     assert par.b is not None and par.b.shape == (counts[rank],)
 
     x = data(2, (2, in_ch, 7, 6))
@@ -69,6 +75,7 @@ def check_layer(name: str, in_ch: int, out_ch: int, ksize: int, stride: int, pad
 check_layer("out4", 3, 4, 3, 1, 1)
 check_layer("out5", 3, 5, 3, 2, 0)
 check_layer("out2", 4, 2, 1, 1, 0)
+check_layer("out7_rect_dilated", 2, 7, (3, 2), (2, 1), (1, 0), dilate=(2, 1))
 
 # ---------------------------------------------------------------- two layers, seeded init
 # Same seed on every rank and in the reference: the parallel layers start from the slices of

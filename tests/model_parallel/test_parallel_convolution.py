@@ -14,6 +14,7 @@ CHECKS = [
     "out4",
     "out5",
     "out2",
+    "out7_rect_dilated",
     "seeded_init",
     "two_layers",
     "data_input",
