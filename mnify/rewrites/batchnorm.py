@@ -105,10 +105,7 @@ def _wrap_external_models(ctx: FileContext, external_bn: Callable[[str], bool]) 
         for a in ctx.facts.assigns
         if len(a.targets) == 1
         and isinstance(a.value, cst.Call)
-        and any(
-            c.node is a.value and names.last(c.qname) == "create_mnbn_model"
-            for c in ctx.facts.calls_by_stmt.get(id(a.stmt), [])
-        )
+        and names.last(getattr(ctx.facts.call_of(a.value), "qname", "")) == "create_mnbn_model"
     }
     done: set[int] = set()
     for call in ctx.facts.calls:

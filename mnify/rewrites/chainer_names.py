@@ -112,5 +112,5 @@ def fork_hazard(qname: str) -> str | None:
         if under(qname, prefix):
             return why
     if is_extension(qname, "DumpGraph", "dump_graph"):
-        return "has been seen to crash Open MPI 2 jobs (seed 002: signal 6 after fork)"
+        return "was seen to crash Open MPI 2 jobs with signal 6 (seed 002)"
     return None

@@ -55,7 +55,7 @@ def find_entry(ctx: FileContext) -> None:
     facts = ctx.facts
     for a in facts.assigns:
         if isinstance(a.value, cst.Call) and len(a.targets) == 1:
-            q = next((c.qname for c in facts.calls if c.node is a.value), "")
+            q = getattr(facts.call_of(a.value), "qname", "")
             if names.last(q) == "create_communicator":
                 ctx.entry = Entry(func=a.func, comm=a.targets[0], exists=True)
                 break
@@ -75,7 +75,7 @@ def find_entry(ctx: FileContext) -> None:
     if entry.args is None:
         for a in facts.assigns:
             if isinstance(a.value, cst.Call) and len(a.targets) == 1:
-                call = next((c for c in facts.calls if c.node is a.value), None)
+                call = facts.call_of(a.value)
                 if call is not None and call.method == "parse_args":
                     entry.args = a.targets[0]
     for call in facts.calls:

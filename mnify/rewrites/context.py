@@ -70,6 +70,7 @@ class FileContext:
     needs_comm_funcs: dict[str, cst.FunctionDef] = field(default_factory=dict)
     needs_comm_classes: dict[str, cst.ClassDef] = field(default_factory=dict)
     imports_needed: set[str] = field(default_factory=set)
+    lint_reported: bool = False  # mnify lint ran on this file (its findings are in entries)
     _positions: object | None = None
     _lines: dict[int, int] | None = None
     _threaded_sites: set[int] = field(default_factory=set)

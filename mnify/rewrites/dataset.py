@@ -62,7 +62,7 @@ def iterator_calls(ctx: FileContext) -> list[CallFact]:
 
 def _already_scattered(ctx: FileContext, name: str) -> bool:
     for a in ctx.facts.assigns_of(name):
-        fact = next((c for c in ctx.facts.calls if c.node is a.value), None)
+        fact = ctx.facts.call_of(a.value)
         if fact is not None and names.last(fact.qname) == "scatter_dataset":
             return True
     return False
@@ -113,7 +113,7 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
     scatter = ctx.runtime.top("scatter_dataset")
     body = item.body
     wanted = set(item.datasets)
-    defs = [i for i in range(item.first_iterator) if assigned_in([body[i]]) & wanted]
+    defs = _defining_statements(ctx, item, wanted)
     ordered = sorted(item.datasets)
     scatters = [
         cst.parse_statement(
@@ -128,8 +128,9 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
         return
     start, end = defs[0], defs[-1]
     anchor = ctx.entry.anchor if ctx.entry is not None else None
-    if anchor is not None and anchor in body and body.index(anchor) >= start:
-        ctx.plan.insert_after(body[max(end, body.index(anchor))], scatters)
+    where = next((i for i, stmt in enumerate(body) if stmt is anchor), None)
+    if where is not None and where >= start:
+        ctx.plan.insert_after(body[max(end, where)], scatters)
         ctx.note(
             body[start],
             "dataset",
@@ -141,8 +142,8 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
         return
     region = body[start : end + 1]
     bound = assigned_in(region)
-    used_later = names_in(body[end + 1 :])
-    extra = sorted((bound - wanted) & used_later)
+    others = bound - wanted
+    extra = sorted(others & names_in(body[end + 1 :])) if others else []
     if extra:
         ctx.plan.insert_after(body[end], scatters)
         ctx.note(
@@ -163,6 +164,22 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
     ctx.plan.insert_after(body[end], scatters)
     ctx.note(body[start], "dataset", "changed", f"rank 0 loads {label}; the others get None")
     ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+
+
+def _defining_statements(ctx: FileContext, item: _BlockWork, wanted: set[str]) -> list[int]:
+    """Indices (in the iterator's block, before it) of statements assigning the datasets."""
+    index = {id(stmt): i for i, stmt in enumerate(item.body)}
+    found: set[int] = set()
+    for name in wanted:
+        for a in ctx.facts.assigns_of(name):
+            if a.func is not item.func:
+                continue
+            stmt = a.stmt
+            while stmt is not None and id(stmt) not in index:
+                stmt = ctx.facts.parent_statement(stmt)
+            if stmt is not None and index[id(stmt)] < item.first_iterator:
+                found.add(index[id(stmt)])
+    return sorted(found)
 
 
 def _in_order(names_: list[str], body: list[cst.BaseStatement], defs: list[int]) -> list[str]:

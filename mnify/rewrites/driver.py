@@ -101,6 +101,34 @@ def _peek_bn_factory(paths: list[str], converted: set[str]) -> Callable[[str], b
     return peek
 
 
+def _lint_findings(ctx: FileContext) -> bool:
+    """Put ``mnify lint``'s hazards that conversion does not remove into the report.
+
+    Lint shares this file's resolved ``MetadataWrapper``, so it costs one more walk, not a
+    second name resolution. Returns False when lint is unavailable (the rewrites then report
+    fork hazards themselves).
+    """
+    try:
+        from mnify.lint import ALL_RULES, lint_wrapper
+    except ImportError:
+        return False
+    # Only hazards conversion leaves behind matter here (fixable ones are rewritten away).
+    wanted = [r.code for r in ALL_RULES if not r.fixable and r.default_enabled]
+    try:
+        diagnostics = lint_wrapper(ctx.wrapper, ctx.path, source=ctx.source, select=wanted)
+    except Exception as exc:  # a lint bug must not cost the user their conversion
+        ctx.entries.append(
+            ReportEntry(ctx.path, 1, "lint", "info", f"lint failed on this file: {exc}")
+        )
+        return False
+    for d in diagnostics:
+        if not d.fixable:
+            ctx.entries.append(
+                ReportEntry(ctx.path, d.line, "lint", "needs-person", d.message, d.code)
+            )
+    return True
+
+
 def convert_sources(
     sources: Mapping[str, str],
     options: ConvertOptions | None = None,
@@ -134,6 +162,7 @@ def convert_sources(
     peek = _peek_bn_factory(list(sources), converted)
     preambles = {}
     for path, ctx in contexts.items():
+        ctx.lint_reported = _lint_findings(ctx)
         communicator.find_entry(ctx)
         if ctx.entry is not None:
             ctx.plan.comm = ctx.entry.comm

@@ -111,6 +111,12 @@ class ApplyEdits(cst.CSTTransformer):
                     self._open.add(id(stmt))
                     stmt = parent_of(stmt)
 
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        return None  # no per-attribute hooks: skip their dispatch
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        return None
+
     def on_visit(self, node: cst.CSTNode) -> bool:
         if (
             self._open is not None

@@ -71,6 +71,8 @@ class Facts:
     block_owner_stmt: dict[int, cst.BaseStatement] = field(default_factory=dict)
     under_rank0: set[int] = field(default_factory=set)  # statements already under rank == 0
     calls_by_stmt: dict[int, list[CallFact]] = field(default_factory=dict)
+    call_index: dict[int, CallFact] = field(default_factory=dict)
+    assigns_by_name: dict[str, list[AssignFact]] = field(default_factory=dict)
     stmt_parent: dict[int, cst.BaseStatement | None] = field(default_factory=dict)
     # statements (small ones for simple lines) and calls in visiting order, for line numbers
     stmt_order: list[cst.CSTNode] = field(default_factory=list)
@@ -78,11 +80,19 @@ class Facts:
     def parent_statement(self, stmt: cst.BaseStatement) -> cst.BaseStatement | None:
         return self.stmt_parent.get(id(stmt))
 
+    def call_of(self, node: cst.CSTNode | None) -> CallFact | None:
+        """The fact recorded for a call node (None for anything else)."""
+        return self.call_index.get(id(node)) if node is not None else None
+
     def calls_to(self, *predicates: str) -> list[CallFact]:
         return [c for c in self.calls if c.qname in predicates]
 
     def assigns_of(self, name: str) -> list[AssignFact]:
-        return [a for a in self.assigns if name in a.targets]
+        if not self.assigns_by_name and self.assigns:
+            for a in self.assigns:
+                for t in a.targets:
+                    self.assigns_by_name.setdefault(t, []).append(a)
+        return self.assigns_by_name.get(name, [])
 
     def local_name_of(self, module: str) -> str | None:
         """The name a plain ``import module [as x]`` binds at module level, if any."""
@@ -127,6 +137,14 @@ class FactCollector(cst.CSTVisitor):
         self._calls: list[tuple[cst.Call, str]] = []
         self._arg_of: dict[int, tuple[cst.Call, str]] = {}
         self._rank0 = 0
+
+    # No visit_<Node>_<attribute> hooks here: skipping that dispatch per attribute makes the
+    # walk noticeably cheaper.
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        return None
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        return None
 
     # scopes -----------------------------------------------------------------------------
     def _func(self) -> cst.FunctionDef | None:
@@ -287,6 +305,7 @@ class FactCollector(cst.CSTVisitor):
             receiver,
         )
         self.facts.calls.append(fact)
+        self.facts.call_index[id(node)] = fact
         if fact.stmt is not None:
             self.facts.calls_by_stmt.setdefault(id(fact.stmt), []).append(fact)
         for arg in node.args:

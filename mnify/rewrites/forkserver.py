@@ -4,7 +4,8 @@
 (``multiprocessing.set_start_method('forkserver')`` and one dummy process started and joined)
 goes in before the communicator is created: later workers are forked from the clean server,
 never from the MPI process. Other fork hazards (``subprocess``, ``os.system``, ``os.fork``,
-``multiprocessing``, ``DumpGraph``) are reported for a person to judge.
+``multiprocessing``, ``DumpGraph``) are reported for a person to judge (once: where ``mnify
+lint`` already reported one, its MN2xx entry stands).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from mnify.rewrites.context import FileContext
 def plan(ctx: FileContext) -> list[cst.BaseStatement]:
     """Reports hazards; returns the preamble to put before the communicator (maybe empty)."""
     facts = ctx.facts
+    # lines where mnify lint already reported a fork hazard (MN2xx): not reported twice
+    linted = {e.line for e in ctx.entries if e.step == "lint" and e.code.startswith("MN2")}
     has_preamble = any(c.qname == "multiprocessing.set_start_method" for c in facts.calls)
     for call in facts.calls:
         if has_preamble and (
@@ -26,7 +29,9 @@ def plan(ctx: FileContext) -> list[cst.BaseStatement]:
         ):
             continue
         why = names.fork_hazard(call.qname)
-        if why is not None and not ctx.suppressed(call.node, "fork-hazard"):
+        if why is None or ctx.line(call.node) in linted:
+            continue
+        if not ctx.suppressed(call.node, "fork-hazard"):
             ctx.note(
                 call.node,
                 "fork-hazard",

@@ -29,12 +29,12 @@ def _writer_name(ctx: FileContext, call: CallFact) -> str | None:
         return names.last(call.qname)
     if call.method == "extend" and call.node.args:
         ext = call.node.args[0].value
-        fact = next((c for c in ctx.facts.calls if c.node is ext), None)
+        fact = ctx.facts.call_of(ext)
         if fact is not None and names.is_extension(fact.qname, *names.WRITER_EXTENSIONS):
             return names.last(fact.qname)
         if isinstance(ext, cst.Name):
             for a in ctx.facts.assigns_of(ext.value):
-                made = next((c for c in ctx.facts.calls if c.node is a.value), None)
+                made = ctx.facts.call_of(a.value)
                 if made is not None and names.is_extension(made.qname, *names.WRITER_EXTENSIONS):
                     return names.last(made.qname)
     return None
