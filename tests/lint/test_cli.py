@@ -260,3 +260,14 @@ def test_explain_every_rule(rule: type) -> None:
     assert code == 0
     assert out.startswith(f"{rule.code} ({rule.name})")
     assert rule.bad.splitlines()[-1] in out and rule.good.splitlines()[-1] in out
+
+
+def test_lint_imports_neither_mpi_nor_chainer() -> None:
+    probe = (
+        "import sys, mnify.cli.lint, mnify.lint\n"
+        "print(sorted(m for m in ('mpi4py', 'chainer', 'cupy', 'numpy') if m in sys.modules))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert run.stdout.strip() == "[]"
