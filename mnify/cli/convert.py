@@ -58,7 +58,8 @@ def _show_diff(diff: str, color: bool) -> None:
     from rich.console import Console
     from rich.syntax import Syntax
 
-    Console(highlight=False).print(
+    # --color on a pipe means it: force_terminal keeps the colour codes.
+    Console(highlight=False, force_terminal=True).print(
         Syntax(diff, "diff", theme="ansi_dark", background_color="default")
     )
 

@@ -16,6 +16,7 @@ import libcst as cst
 
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import FileContext
+from mnify.rewrites.edits import expression, statement
 
 # BatchNormalization's positional parameters after ``size`` (MultiNodeBatchNormalization puts
 # ``comm`` second, so these must become keywords).
@@ -86,14 +87,14 @@ def _to_mnbn(func: str, comm: str) -> Callable[[cst.CSTNode], cst.CSTNode]:
         )
         if positional:
             out.append(positional[0].with_changes(comma=comma))
-            out.append(cst.Arg(cst.parse_expression(comm), comma=comma))
+            out.append(cst.Arg(expression(comm), comma=comma))
             for name, arg in zip(_BN_POSITIONAL, positional[1:], strict=False):
                 out.append(arg.with_changes(keyword=cst.Name(name), equal=eq, comma=comma))
         else:
-            rest.append(cst.Arg(cst.parse_expression(comm), keyword=cst.Name("comm"), equal=eq))
+            rest.append(cst.Arg(expression(comm), keyword=cst.Name("comm"), equal=eq))
         out.extend(a.with_changes(comma=comma) for a in rest)
         out[-1] = out[-1].with_changes(comma=args[-1].comma)
-        return node.with_changes(func=cst.parse_expression(func), args=out)
+        return node.with_changes(func=expression(func), args=out)
 
     return fn
 
@@ -139,7 +140,7 @@ def _wrap_external_models(ctx: FileContext, external_bn: Callable[[str], bool]) 
             )
             continue
         wrap = ctx.runtime.links("create_mnbn_model")
-        ctx.plan.insert_after(stmt, [cst.parse_statement(f"{target} = {wrap}({target}, {comm})\n")])
+        ctx.plan.insert_after(stmt, [statement(f"{target} = {wrap}({target}, {comm})\n")])
         ctx.note(
             call.node,
             "batchnorm",

@@ -15,6 +15,7 @@ import libcst as cst
 
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import Entry, FileContext
+from mnify.rewrites.edits import statement
 
 
 def _dest(call: cst.Call) -> str | None:
@@ -174,7 +175,7 @@ def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
     line = f"{entry.comm} = {create}({name_expr})\n"
     if len(line) > 80:
         line = f"{entry.comm} = {create}(\n    {name_expr})\n"
-    out: list[cst.BaseStatement] = [cst.parse_statement(line)]
+    out: list[cst.BaseStatement] = [statement(line)]
     if test is not None:
         arg = f"{entry.args}.{entry.device_dest}"
         rank = f"{entry.comm}.intra_rank"
@@ -183,7 +184,7 @@ def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
             value = "True"
         if entry.device_style != "flag":
             out.append(
-                cst.parse_statement(
+                statement(
                     f"if {test}:\n"
                     "    # one GPU per rank, numbered within the node (intra_rank, not rank)\n"
                     f"    {arg} = {value}\n"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from mnify.rewrites.edits import EditPlan
+from mnify.rewrites.edits import EditPlan, expression
 from mnify.rewrites.facts import CallFact, Facts
 from mnify.rewrites.lines import line_table
 from mnify.rewrites.options import ConvertOptions, Spelling
@@ -269,7 +269,7 @@ def _add_keyword(name: str, value: str):  # type: ignore[no-untyped-def]
                 )
         args.append(
             cst.Arg(
-                value=cst.parse_expression(value),
+                value=expression(value),
                 keyword=cst.Name(name),
                 equal=cst.AssignEqual(
                     whitespace_before=cst.SimpleWhitespace(""),

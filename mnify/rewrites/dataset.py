@@ -18,7 +18,7 @@ import libcst as cst
 
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.edits import Guard
+from mnify.rewrites.edits import Guard, expression, statement
 from mnify.rewrites.facts import CallFact, assigned_in, names_in, target_names
 
 
@@ -116,9 +116,7 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
     defs = _defining_statements(ctx, item, wanted)
     ordered = sorted(item.datasets)
     scatters = [
-        cst.parse_statement(
-            f"{d} = {scatter}({d}, {comm}{', shuffle=True' if item.datasets[d] else ''})\n"
-        )
+        statement(f"{d} = {scatter}({d}, {comm}{', shuffle=True' if item.datasets[d] else ''})\n")
         for d in _in_order(ordered, body, defs)
     ]
     label = ", ".join(_in_order(ordered, body, defs))
@@ -209,6 +207,6 @@ def _target_order(stmt: cst.BaseStatement) -> list[str]:
 def _arg_value(value: str):  # type: ignore[no-untyped-def]
     def fn(node: cst.CSTNode) -> cst.CSTNode:
         assert isinstance(node, cst.Arg)
-        return node.with_changes(value=cst.parse_expression(value))
+        return node.with_changes(value=expression(value))
 
     return fn

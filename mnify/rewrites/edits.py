@@ -8,12 +8,25 @@ edited nodes, so everything outside them keeps its comments and formatting byte 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 NodeFn = Callable[[cst.CSTNode], cst.CSTNode]
+
+
+@functools.lru_cache(maxsize=4096)
+def statement(code: str) -> cst.BaseStatement:
+    """``cst.parse_statement`` memoised: nodes are immutable, so one parse serves every file."""
+    return cst.parse_statement(code)
+
+
+@functools.lru_cache(maxsize=4096)
+def expression(code: str) -> cst.BaseExpression:
+    """``cst.parse_expression`` memoised (see :func:`statement`)."""
+    return cst.parse_expression(code)
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,7 @@ def _leading(stmt: cst.BaseStatement) -> Sequence[cst.EmptyLine]:
 
 
 def rank0_test(comm: str) -> cst.BaseExpression:
-    return cst.parse_expression(f"{comm}.rank == 0")
+    return expression(f"{comm}.rank == 0")
 
 
 class ApplyEdits(cst.CSTTransformer):
@@ -156,7 +169,7 @@ class ApplyEdits(cst.CSTTransformer):
         if guard.else_names:
             names = ", ".join(guard.else_names)
             nones = ", ".join("None" for _ in guard.else_names)
-            orelse = cst.Else(body=cst.IndentedBlock([cst.parse_statement(f"{names} = {nones}\n")]))
+            orelse = cst.Else(body=cst.IndentedBlock([statement(f"{names} = {nones}\n")]))
         made = cst.If(
             test=rank0_test(self.plan.comm),
             body=cst.IndentedBlock([stmt.with_changes(leading_lines=())]),

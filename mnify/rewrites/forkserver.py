@@ -14,6 +14,7 @@ import libcst as cst
 
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import FileContext
+from mnify.rewrites.edits import statement
 
 
 def plan(ctx: FileContext) -> list[cst.BaseStatement]:
@@ -64,11 +65,11 @@ def plan(ctx: FileContext) -> list[cst.BaseStatement]:
         "MultiprocessIterator forks workers: forkserver preamble inserted before the communicator",
     )
     return [
-        cst.parse_statement(
+        statement(
             "# MultiprocessIterator forks: start workers from a forkserver, never from MPI\n"
             f"{mp}.set_start_method('forkserver')\n"
         ),
-        cst.parse_statement(f"p = {mp}.Process()\n"),
-        cst.parse_statement("p.start()\n"),
-        cst.parse_statement("p.join()\n"),
+        statement(f"p = {mp}.Process()\n"),
+        statement("p.start()\n"),
+        statement("p.join()\n"),
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify.rewrites.context import FileContext
+from mnify.rewrites.edits import statement
 
 
 def _present(ctx: FileContext, line: str) -> bool:
@@ -28,7 +29,7 @@ def emit(ctx: FileContext) -> None:
     wanted.sort(key=lambda line: (line.startswith(("from mnify", "import chainermn")), line))
     if not wanted:
         return
-    new = [cst.parse_statement(line + "\n") for line in wanted]
+    new = [statement(line + "\n") for line in wanted]
     if ctx.facts.imports:
         ctx.plan.insert_after(ctx.facts.imports[-1], new, first=True)
         return

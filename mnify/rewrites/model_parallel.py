@@ -17,6 +17,7 @@ import libcst as cst
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.dataset import iterator_calls
+from mnify.rewrites.edits import expression
 from mnify.rewrites.optimizer import wrap_call
 
 
@@ -91,11 +92,11 @@ def plan(ctx: FileContext) -> None:
             assert isinstance(node, cst.Call)
             comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
             split = node.with_changes(
-                func=cst.parse_expression(pconv),
-                args=[cst.Arg(cst.parse_expression(comm), comma=comma), *node.args],
+                func=expression(pconv),
+                args=[cst.Arg(expression(comm), comma=comma), *node.args],
             )
             return cst.IfExp(
-                test=cst.parse_expression(f"{cond} >= {comm}.size"),
+                test=expression(f"{cond} >= {comm}.size"),
                 body=split,
                 orelse=node,
             )

@@ -13,6 +13,7 @@ import libcst as cst
 
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import FileContext
+from mnify.rewrites.edits import expression
 
 
 def plan(ctx: FileContext) -> None:
@@ -68,11 +69,11 @@ def _wrap(func: str, comm: str):  # type: ignore[no-untyped-def]
                 last_line=cst.SimpleWhitespace("    "),
             )
         return cst.Call(
-            func=cst.parse_expression(func),
+            func=expression(func),
             whitespace_before_args=ws,
             args=[
                 cst.Arg(node, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                cst.Arg(cst.parse_expression(comm)),
+                cst.Arg(expression(comm)),
             ],
         )
 

@@ -11,6 +11,7 @@ import libcst as cst
 
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.dataset import is_training_iterator, iterator_calls
+from mnify.rewrites.edits import expression, statement
 
 
 def _batch_arg(call: cst.Call) -> cst.Arg | None:
@@ -47,7 +48,7 @@ def plan(ctx: FileContext) -> None:
             continue
         simple = isinstance(arg.value, (cst.Name, cst.Attribute, cst.Integer, cst.Subscript))
         operand = batch if simple else f"({batch})"
-        check = cst.parse_statement(
+        check = statement(
             f"if {operand} % {comm}.size != 0:\n"
             "    raise ValueError(\n"
             "        '--scaling strong: global batch size %d does not divide by %d ranks'\n"
@@ -59,7 +60,7 @@ def plan(ctx: FileContext) -> None:
 
         def fn(node: cst.CSTNode, value: str = value) -> cst.CSTNode:
             assert isinstance(node, cst.Arg)
-            return node.with_changes(value=cst.parse_expression(value))
+            return node.with_changes(value=expression(value))
 
         ctx.plan.replace_node(arg, fn, call.stmt)
         ctx.note(call.node, "scaling", "changed", f"per-rank batch = {batch} // {comm}.size")

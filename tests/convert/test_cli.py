@@ -187,3 +187,9 @@ def test_console_script_entry_point(script: Path) -> None:
         [str(exe), "convert", "--check", str(script)], capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 1, run.stderr
+
+
+def test_color_on_request(script: Path) -> None:
+    code, out, _ = _run("--color", str(script))
+    assert code == 0
+    assert "\x1b[" in out and "create_communicator" in out
