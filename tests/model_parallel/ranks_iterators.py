@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from chainer import serializers
-from chainer.iterators import SerialIterator
+from chainer.iterators import MultithreadIterator, SerialIterator
 
 from mnify.runtime import create_multi_node_iterator, create_synchronized_iterator
 from tests.model_parallel.rank_common import make_comm
@@ -134,6 +134,15 @@ same_everywhere("synchronized order", orders)
 flat = [i for step in orders[:2] for i in step] + orders[2][:1]
 assert sorted(flat) == list(range(9)) and flat != list(range(9)), f"not a shuffle: {flat}"
 ok("synchronized_order")
+
+# a MultithreadIterator takes the shared sampler too
+threaded = create_synchronized_iterator(
+    MultithreadIterator(own, 3, shuffle=True, n_threads=1), comm
+)
+threaded_orders = [[int(t) for _, t in next(threaded)] for _ in range(4)]
+threaded.finalize()
+same_everywhere("synchronized MultithreadIterator order", threaded_orders)
+ok("synchronized_multithread")
 
 # a non-shuffling iterator stays as it is; serialize passes through
 plain = create_synchronized_iterator(SerialIterator(own, 4, shuffle=False), comm)

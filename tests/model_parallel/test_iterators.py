@@ -15,6 +15,7 @@ CHECKS = [
     "multi_node_stop_and_reset",
     "multi_node_serialize",
     "synchronized_order",
+    "synchronized_multithread",
     "synchronized_plain_and_serialize",
 ]
 
