@@ -165,11 +165,13 @@ def _exit_word(node: cst.CSTNode | None) -> str:
 
 
 class _Block:
-    __slots__ = ("loop_depth", "pending")
+    __slots__ = ("loop_depth", "loop_body", "pending", "first_collective")
 
-    def __init__(self, loop_depth: int) -> None:
+    def __init__(self, loop_depth: int, loop_body: bool = False) -> None:
         self.loop_depth = loop_depth
+        self.loop_body = loop_body  # the body of a for/while: it runs again after its end
         self.pending: cst.If | None = None
+        self.first_collective: tuple[cst.Call, str] | None = None
 
 
 class _RankIf:
@@ -184,7 +186,9 @@ class _RankIf:
 class DivergentWorkBeforeTimedCollective(Rule):
     """Fires, in a distributed script, on the first collective performed inside a loop (or on
     ``trainer.run()``) that follows, in the same block, a rank-conditional ``if`` doing work, with
-    no ``barrier()`` or other collective between them at that block's level.
+    no ``barrier()`` or other collective between them at that block's level. Also when such an
+    ``if`` is the last collective-free part of a loop body: then the first collective of the
+    body (unless it is a barrier) fires, as the next iteration reaches it.
 
     "Doing work": the ``if`` (either branch) contains a loop or an outermost call (not one
     nested in another call's arguments) other than cheap bookkeeping (builtins such as
@@ -226,15 +230,28 @@ class DivergentWorkBeforeTimedCollective(Rule):
         self._rank_ifs: list[_RankIf] = []
         self._function_starts: list[int] = [0]  # blocks of enclosing functions do not count
         self._call_depth = 0  # only outermost calls count as work: extend(factory(...)) is cheap
+        self._next_block_is_loop_body = False
 
     def visit_Module(self, node: cst.Module) -> None:
         self._blocks.append(_Block(self.ctx.loop_depth))
 
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
-        self._blocks.append(_Block(self.ctx.loop_depth))
+        self._blocks.append(_Block(self.ctx.loop_depth, self._next_block_is_loop_body))
+        self._next_block_is_loop_body = False
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
-        self._blocks.pop()
+        block = self._blocks.pop()
+        first = block.first_collective
+        if block.loop_body and block.pending is not None and first is not None:
+            # the divergent `if` ends the body: the next iteration starts with a collective
+            if first[1] not in N.BARRIER_METHODS:
+                self.report(
+                    first[0],
+                    f"`{first[1]}` in the next iteration follows rank-divergent work (the rank "
+                    "check at line {line}) without `comm.barrier()`: slow ranks trip the "
+                    "collective watchdog",
+                    related=block.pending,
+                )
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._function_starts.append(len(self._blocks))
@@ -259,9 +276,11 @@ class DivergentWorkBeforeTimedCollective(Rule):
 
     def visit_For(self, node: cst.For) -> None:
         self._mark_work()
+        self._next_block_is_loop_body = True
 
     def visit_While(self, node: cst.While) -> None:
         self._mark_work()
+        self._next_block_is_loop_body = True
 
     def visit_Call(self, node: cst.Call) -> None:
         self._call_depth += 1
@@ -275,6 +294,8 @@ class DivergentWorkBeforeTimedCollective(Rule):
         if key is None:
             return
         for block in self._blocks[self._function_starts[-1] :]:
+            if block.first_collective is None:
+                block.first_collective = (node, key)
             pending = block.pending
             if pending is None:
                 continue
