@@ -39,7 +39,11 @@ def _selectors(values: tuple[str, ...], option: str) -> list[str]:
     show_default=True,
     help="How findings are printed.",
 )
-@click.option("--statistics", is_flag=True, help="Print the number of findings per rule instead.")
+@click.option(
+    "--statistics",
+    is_flag=True,
+    help="Print the number of findings per rule instead (JSON with --output-format json).",
+)
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option(
     "--stdin-filename",
@@ -81,7 +85,7 @@ def lint(
     for line in result.errors:
         click.echo(line, err=True)
     if statistics:
-        click.echo(format_statistics(result.diagnostics), nl=False)
+        click.echo(format_statistics(result.diagnostics, output_format), nl=False)
     else:
         click.echo(format_diagnostics(result.diagnostics, output_format), nl=False)
     if result.errors or missing:

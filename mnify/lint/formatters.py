@@ -147,12 +147,24 @@ def format_diagnostics(diagnostics: Sequence[Diagnostic], output_format: str) ->
     return formatter(diagnostics)
 
 
-def format_statistics(diagnostics: Sequence[Diagnostic]) -> str:
-    """Count per code, most frequent first (ruff's ``--statistics``)."""
+def format_statistics(diagnostics: Sequence[Diagnostic], output_format: str = "concise") -> str:
+    """Count per code, most frequent first (ruff's ``--statistics``); JSON when asked for."""
     counts = Counter(d.code for d in diagnostics)
-    rows = []
-    for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    if output_format == "json":
+        rows = [
+            {
+                "code": code,
+                "name": RULES_BY_CODE[code].name,
+                "count": count,
+                "fixable": RULES_BY_CODE[code].fixable,
+            }
+            for code, count in ordered
+        ]
+        return json.dumps(rows, indent=2) + "\n"
+    lines = []
+    for code, count in ordered:
         rule = RULES_BY_CODE[code]
         mark = "[*]" if rule.fixable else "   "
-        rows.append(f"{count:>5}\t{code}\t{mark} {rule.name}")
-    return "".join(row + "\n" for row in rows)
+        lines.append(f"{count:>5}\t{code}\t{mark} {rule.name}")
+    return "".join(line + "\n" for line in lines)

@@ -271,3 +271,10 @@ def test_lint_imports_neither_mpi_nor_chainer() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert run.stdout.strip() == "[]"
+
+
+def test_statistics_as_json(project: Path) -> None:
+    out = invoke("lint", "--statistics", "--output-format", "json", str(project))[1]
+    rows = json.loads(out)
+    assert {row["code"]: row["count"] for row in rows} == {"MN203": 1, "MN301": 1, "MN401": 1}
+    assert {row["code"]: row["fixable"] for row in rows}["MN401"] is True
