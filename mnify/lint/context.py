@@ -208,6 +208,15 @@ class LintContext:
             )
         return False
 
+    def is_sub_communicator(self, expr: cst.BaseExpression) -> bool:
+        """Bound to ``comm.split(...)`` (or mpi4py's ``Split``/``Split_type``/``Create*``): its
+        members are usually exactly the ranks that pass a matching rank check."""
+        bound = self.binding(expr)
+        if bound is None or not isinstance(bound.value, cst.Call):
+            return False
+        func = bound.value.func
+        return isinstance(func, cst.Attribute) and func.attr.value in N.SPLIT_METHODS
+
     def rank_kind(self, expr: cst.CSTNode) -> str | None:
         """ "global", "intra" or "inter" when ``expr`` itself denotes a rank, else None."""
         if isinstance(expr, cst.Attribute):
@@ -327,7 +336,7 @@ class LintContext:
                 return "communicator"
             if (
                 isinstance(func, cst.Attribute)
-                and func.attr.value in ("split", "Split")
+                and func.attr.value in N.SPLIT_METHODS
                 and self.is_communicator(func.value)
             ):
                 return "communicator"

@@ -227,6 +227,7 @@ COLLECTIVE_METHODS = frozenset(
     }
 )
 BARRIER_METHODS = frozenset({"barrier", "Barrier"})
+SPLIT_METHODS = frozenset({"split", "Split", "Split_type", "Create", "Create_group"})
 
 # Builtins that are cheap bookkeeping, not "work" that makes one rank late.
 CHEAP_BUILTINS = frozenset(

@@ -30,7 +30,10 @@ class CollectiveOnSomeRanks(Rule):
     or (b) it follows, in the same function or loop, a ``return``/``continue``/``break``/
     ``sys.exit()`` taken inside such a rank-conditional branch. A call of a function defined in
     the same file (``helper(...)``, ``self.helper(...)``) counts as the collectives that
-    function performs, directly or through other local functions."""
+    function performs, directly or through other local functions. Collectives on a
+    communicator assigned from ``comm.split(...)`` (mpi4py: ``Split``, ``Split_type``,
+    ``Create``, ``Create_group``) never fire: such a communicator usually holds exactly the
+    ranks that take the branch."""
 
     code = "MN301"
     name = "collective-on-some-ranks"
@@ -74,6 +77,9 @@ class CollectiveOnSomeRanks(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         ctx = self.ctx
         key = ctx.collective_key(node)
+        if key is not None and isinstance(node.func, cst.Attribute):
+            if ctx.is_sub_communicator(node.func.value):
+                return  # a split communicator holds just the ranks that take such branches
         callee = None if key is not None else _local_callee(node)
         if key is None and callee is None:
             return
