@@ -116,7 +116,7 @@ class LintContext:
         self._qualified = qualified_names
         self._name_cache: dict[int, frozenset[str]] = {}
         self.bindings: dict[str, Binding] = {}
-        self.import_roots: set[str] = set()
+        self.imported_modules: set[str] = set()  # dotted names, `from a import b` adds a.b
         self.communicator_calls: list[cst.Call] = []
         self.model_parallel_uses: list[cst.CSTNode] = []
         self.class_names: set[str] = set()  # classes defined in this file (models, datasets)
@@ -152,8 +152,9 @@ class LintContext:
     # ----------------------------------------------------------------- script-level facts
     @property
     def is_training_script(self) -> bool:
-        """Imports chainer, chainermn, mnify, cupy or mpi4py: the files these rules are about."""
-        return bool(self.import_roots & N.TRAINING_IMPORT_ROOTS)
+        """Imports chainer, chainermn, mnify.runtime, cupy or mpi4py (or a submodule): the files
+        these rules are about."""
+        return any(N.is_training_module(name) for name in self.imported_modules)
 
     @property
     def is_distributed(self) -> bool:
@@ -461,14 +462,20 @@ class LintContext:
 
     def _enter_import(self, node: cst.Import) -> None:
         for alias in node.names:
-            root = dotted_name(alias.name)
-            if root:
-                self.import_roots.add(root.split(".")[0])
+            name = dotted_name(alias.name)
+            if name:
+                self.imported_modules.add(name)
 
     def _enter_import_from(self, node: cst.ImportFrom) -> None:
-        root = dotted_name(node.module) if node.module is not None else None
-        if root and not node.relative:
-            self.import_roots.add(root.split(".")[0])
+        module = dotted_name(node.module) if node.module is not None else None
+        if not module or node.relative:
+            return
+        self.imported_modules.add(module)
+        if not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                name = dotted_name(alias.name)
+                if name:
+                    self.imported_modules.add(f"{module}.{name}")
 
     def _leave_assign(self, node: cst.Assign) -> None:
         for target in node.targets:

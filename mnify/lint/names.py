@@ -262,7 +262,12 @@ _LOCAL_RANK_ENV = re.compile(r"LOCAL_RANK|LOCALRANK|LOCAL_ID")
 _GLOBAL_RANK_ENV = re.compile(r"(^|_)RANK$|PMI_RANK|PMIX_RANK")
 _COMM_NAME = re.compile(r"^(comm|communicator|mpi_comm|world|\w+_comm|comm_\w+)$")
 
-TRAINING_IMPORT_ROOTS = frozenset({"chainer", "chainermn", "mnify", "cupy", "mpi4py"})
+TRAINING_MODULES = ("chainer", "chainermn", "mnify.runtime", "cupy", "mpi4py")
+
+
+def is_training_module(name: str) -> bool:
+    """``name`` is (a submodule of) one of ``TRAINING_MODULES``."""
+    return any(name == root or name.startswith(root + ".") for root in TRAINING_MODULES)
 
 
 def any_in(names: Iterable[str], wanted: frozenset[str]) -> bool:

@@ -22,7 +22,9 @@ from mnify.lint.context import LintContext
 class AppliesTo(enum.Enum):
     """Which scripts a rule checks."""
 
-    TRAINING = "training scripts (files importing chainer, chainermn, mnify, cupy or mpi4py)"
+    TRAINING = (
+        "training scripts (files importing chainer, chainermn, mnify.runtime, cupy or mpi4py)"
+    )
     DISTRIBUTED = "distributed scripts (files that create a communicator)"
     DATA_PARALLEL = "data-parallel scripts (distributed, no model-parallel links or iterators)"
 

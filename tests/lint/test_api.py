@@ -81,3 +81,23 @@ def test_diagnostic_fields_in_contract_order_and_sorting() -> None:
     early = Diagnostic("MN999", "m", "a.py", 1, 9, 1, 12, True)
     other = Diagnostic("MN100", "m", "b.py", 1, 1, 1, 2, False)
     assert sorted([other, late, early]) == [early, late, other]
+
+
+@pytest.mark.parametrize(
+    ("imports", "training"),
+    [
+        ("import chainer", True),
+        ("from chainer.training import extensions", True),
+        ("import chainermn.links", True),
+        ("from mnify import runtime as mn", True),
+        ("import mnify.runtime.links", True),
+        ("from mpi4py import MPI", True),
+        ("import cupy as cp", True),
+        ("from mnify.cli import main", False),
+        ("import chainerx_like", False),
+        ("from . import chainer", False),
+    ],
+)
+def test_which_files_are_training_scripts(imports: str, training: bool) -> None:
+    found = lint_source(f"{imports}\nimport os\nos.system('ls')\n", "t.py")
+    assert bool(found) == training
