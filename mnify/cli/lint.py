@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import click
@@ -110,8 +111,8 @@ def explain(code: str) -> None:
     click.echo(
         f"{rule.code} ({rule.name})\n\n"
         f"What: {rule.summary}.\n\n"
-        f"Fires when:\n{_indent(rule.condition())}\n"
-        f"Why:\n{_indent(rule.why)}\n"
+        f"Fires when:\n{_indent(rule.condition().replace('``', '`'))}\n"
+        f"Why:\n{_indent(textwrap.fill(rule.why, width=92))}\n"
         f"Bad:\n{_indent(rule.bad)}\n"
         f"Good:\n{_indent(rule.good)}\n"
         f"Fixed by `mnify convert`: {'yes' if rule.fixable else 'no'}. "
