@@ -68,6 +68,9 @@ def test_hostnames_addresses_and_isolation(bed3: TestBed) -> None:
         name, addr_line = shown.stdout.splitlines()[:2]
         assert name == host.name
         assert f" {host.address}/24 " in addr_line
+        # The only route out of a host is its own subnet: nothing reaches the machine's network.
+        routes = bed3.on_host(host.name, ["ip", "-o", "-4", "route"]).stdout.splitlines()
+        assert [r.split()[0] for r in routes] == ["10.213.7.0/24"], routes
     # The root namespace never gets an address on the bed's subnet.
     root_addrs = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
     assert "10.213.7." not in root_addrs

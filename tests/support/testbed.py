@@ -601,6 +601,11 @@ def _main(argv: list[str]) -> int:
         f"-n {sum(slots)} {sys.executable} -c "
         "'from mpi4py import MPI; print(MPI.COMM_WORLD.rank, MPI.Get_processor_name())'"
     )
+    mnify = Path(sys.executable).parent / "mnify"
+    print(
+        f"{AGENT} --exec {bed.hosts[0].name} {mnify} run -n {sum(slots)} --hostfile {hostfile} "
+        f"--mpi-arg '{flags}' SCRIPT.py"
+    )
     return 0
 
 
