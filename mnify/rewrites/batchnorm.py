@@ -21,6 +21,7 @@ from mnify.rewrites.edits import expression, statement
 # BatchNormalization's positional parameters after ``size`` (MultiNodeBatchNormalization puts
 # ``comm`` second, so these must become keywords).
 _BN_POSITIONAL = ("decay", "eps", "dtype", "use_gamma", "use_beta", "initial_gamma", "initial_beta")
+_ONE_LINE = 64  # longer replacements break after the opening parenthesis
 _UNSUPPORTED = {"axis", "initial_avg_mean", "initial_avg_var"}
 
 
@@ -94,7 +95,17 @@ def _to_mnbn(func: str, comm: str) -> Callable[[cst.CSTNode], cst.CSTNode]:
             rest.append(cst.Arg(expression(comm), keyword=cst.Name("comm"), equal=eq))
         out.extend(a.with_changes(comma=comma) for a in rest)
         out[-1] = out[-1].with_changes(comma=args[-1].comma)
-        return node.with_changes(func=expression(func), args=out)
+        changed = node.with_changes(func=expression(func), args=out)
+        if len(cst.Module([]).code_for_node(changed)) > _ONE_LINE:
+            # break after the parenthesis, as black would, instead of one very long line
+            changed = changed.with_changes(
+                whitespace_before_args=cst.ParenthesizedWhitespace(
+                    first_line=cst.TrailingWhitespace(),
+                    indent=True,
+                    last_line=cst.SimpleWhitespace("    "),
+                )
+            )
+        return changed
 
     return fn
 

@@ -83,8 +83,10 @@ def plan(ctx: FileContext) -> None:
         ctx.use_runtime()
         pconv = ctx.spell.links("ParallelConvolution2D")
         cond = ctx.code(channels)
-        if not isinstance(channels, (cst.Name, cst.Attribute, cst.Integer)):
-            cond = f"({cond})"
+        if not isinstance(
+            channels, (cst.Name, cst.Attribute, cst.Integer, cst.BinaryOperation, cst.Call)
+        ):
+            cond = f"({cond})"  # binds looser than >=
 
         def fn(
             node: cst.CSTNode, cond: str = cond, comm: str = comm, pconv: str = pconv
@@ -95,11 +97,7 @@ def plan(ctx: FileContext) -> None:
                 func=expression(pconv),
                 args=[cst.Arg(expression(comm), comma=comma), *node.args],
             )
-            return cst.IfExp(
-                test=expression(f"{cond} >= {comm}.size"),
-                body=split,
-                orelse=node,
-            )
+            return _laid_out(split, expression(f"{cond} >= {comm}.size"), node)
 
         ctx.plan.replace_node(call.node, fn, call.stmt)
         split += 1
@@ -112,6 +110,29 @@ def plan(ctx: FileContext) -> None:
         )
     if split:
         _check_replicas(ctx)
+
+
+def _line_break(extra: str) -> cst.ParenthesizedWhitespace:
+    """A newline, then the enclosing block's indentation plus ``extra``."""
+    return cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(), indent=True, last_line=cst.SimpleWhitespace(extra)
+    )
+
+
+def _laid_out(
+    body: cst.BaseExpression, test: cst.BaseExpression, orelse: cst.BaseExpression
+) -> cst.IfExp:
+    """``(body if test else orelse)`` over three lines in parentheses, as black lays it out."""
+    step = "    "
+    return cst.IfExp(
+        test=test,
+        body=body,
+        orelse=orelse,
+        whitespace_before_if=_line_break(step),
+        whitespace_before_else=_line_break(step),
+        lpar=[cst.LeftParen(whitespace_after=_line_break(step))],
+        rpar=[cst.RightParen(whitespace_before=_line_break(""))],
+    )
 
 
 def _check_replicas(ctx: FileContext) -> None:
