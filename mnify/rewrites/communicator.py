@@ -16,6 +16,7 @@ import libcst as cst
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import Entry, FileContext
 from mnify.rewrites.edits import statement
+from mnify.rewrites.facts import CallFact
 
 
 def _dest(call: cst.Call) -> str | None:
@@ -102,6 +103,9 @@ def _entry_from_parse_args(ctx: FileContext) -> Entry | None:
                 return Entry(func=call.func, anchor=stmt, args=target)
             if call.func is not None:
                 return Entry(func=call.func, top_of=call.func, args=target)
+        passed = _passed_to_function(ctx, call)
+        if passed is not None:
+            return passed
         if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Return):
             helper = call.func
             if helper is None:
@@ -112,6 +116,29 @@ def _entry_from_parse_args(ctx: FileContext) -> Entry | None:
                     block = facts.block_of.get(id(site.stmt))
                     if name and block is not None and block.func is site.func:
                         return Entry(func=site.func, anchor=site.stmt, args=name)
+    return None
+
+
+def _passed_to_function(ctx: FileContext, call: CallFact) -> Entry | None:
+    """``main(parser.parse_args())``: the entry is ``main``, the namespace its parameter."""
+    parent = ctx.facts.call_of(call.parent_call)
+    if parent is None:
+        return None
+    func = ctx.facts.module_functions.get(parent.qname)
+    if func is None:
+        return None
+    positional = [a for a in parent.node.args if a.keyword is None]
+    for arg in parent.node.args:
+        if arg.value is call.node:
+            if arg.keyword is not None:
+                name = arg.keyword.value
+            else:
+                index = positional.index(arg)
+                params = func.params.params
+                if index >= len(params):
+                    return None
+                name = params[index].name.value
+            return Entry(func=func, top_of=func, args=name)
     return None
 
 

@@ -223,3 +223,29 @@ def main():
     assert "def make_optimizer(model, *, comm):" in text
     assert "def setup(model, *, comm):\n    return make_optimizer(model, comm=comm)" in text
     assert "opt = setup(model, comm=comm)" in text
+
+
+def test_namespace_passed_straight_to_main() -> None:
+    text = out(
+        HEAD
+        + """\
+def main(opts):
+    \"\"\"Train.\"\"\"
+    model = L.Linear(3, 2)
+    if opts.gpu >= 0:
+        model.to_gpu(opts.gpu)
+    optimizer = chainer.optimizers.SGD()
+
+
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--gpu', type=int, default=-1)
+    main(parser.parse_args())
+"""
+    )
+    assert (
+        '    """Train."""\n'
+        "    comm = mn.create_communicator('pure_nccl' if opts.gpu >= 0 else 'naive')\n"
+        "    if opts.gpu >= 0:\n"
+    ) in text
+    assert "        opts.gpu = comm.intra_rank\n" in text
