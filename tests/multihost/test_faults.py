@@ -142,8 +142,13 @@ def test_mnify_run_reports_a_host_dropping_off(
     bed.link_down("mnb")
     run = job.wait(timeout=3 + 15)
     assert not run.timed_out, run.describe()
-    # The summary names the lost host's ranks once and calls it a communication failure.
-    assert "timed out waiting for rank(s) 2-3" in run.stderr, run.describe()
-    assert "a communication failure" in run.stderr
-    # mnify run passes on mpiexec's status; see the link-down test for Open MPI's 0.
-    assert run.returncode != 0 or LOST_DAEMON in run.output, run.describe()
+    assert "rank(s) 2-3 never arrived" in run.stderr, run.describe()
+    if run.returncode != 0:
+        # The summary names the lost host's ranks once and calls it a communication failure.
+        assert "timed out waiting for rank(s) 2-3" in run.stderr, run.describe()
+        assert "a communication failure" in run.stderr
+    else:
+        # mnify run passes on mpiexec's status, and Open MPI 5.0.11 sometimes exits 0 after
+        # losing a daemon (see the link-down test); then mnify run prints the ranks'
+        # tracebacks without a summary. Only that case may exit 0.
+        assert LOST_DAEMON in run.output, run.describe()
