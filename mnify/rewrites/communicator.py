@@ -192,13 +192,13 @@ def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
     create = ctx.runtime.top("create_communicator")
     test = gpu_test(ctx)
     if ctx.options.communicator != "auto":
-        name_expr = repr(ctx.options.communicator)
+        name_expr = ctx.q(ctx.options.communicator)
     elif test is not None:
-        name_expr = f"'pure_nccl' if {test} else 'naive'"
+        name_expr = f"{ctx.q('pure_nccl')} if {test} else {ctx.q('naive')}"
     elif uses_gpu_statically(ctx):
-        name_expr = "'pure_nccl'"
+        name_expr = ctx.q("pure_nccl")
     else:
-        name_expr = "'naive'"
+        name_expr = ctx.q("naive")
     line = f"{entry.comm} = {create}({name_expr})\n"
     if len(line) > 80:
         line = f"{entry.comm} = {create}(\n    {name_expr})\n"
@@ -206,7 +206,7 @@ def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
     if test is not None:
         arg = f"{entry.args}.{entry.device_dest}"
         rank = f"{entry.comm}.intra_rank"
-        value = rank if entry.device_style != "str" else f"'@cupy:%d' % {rank}"
+        value = rank if entry.device_style != "str" else f"{ctx.q('@cupy:%d')} % {rank}"
         if entry.device_style == "flag":
             value = "True"
         if entry.device_style != "flag":

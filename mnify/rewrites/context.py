@@ -73,11 +73,22 @@ class FileContext:
     lint_reported: bool = False  # mnify lint ran on this file (its findings are in entries)
     _positions: object | None = None
     _lines: dict[int, int] | None = None
+    _quote: str | None = None
     _threaded_sites: set[int] = field(default_factory=set)
 
     @property
     def spell(self) -> Spelling:
         return Spelling(self.options.target)
+
+    def q(self, text: str) -> str:
+        """``text`` as a string literal in the file's own quote style (single unless the file
+        prefers double quotes, as black-formatted files do)."""
+        if self._quote is None:
+            src = self.source  # docstrings' triple quotes say nothing about the style
+            double = src.count('"') - 3 * src.count('"""')
+            single = src.count("'") - 3 * src.count("'''")
+            self._quote = '"' if double > single else "'"
+        return f"{self._quote}{text}{self._quote}"
 
     @property
     def runtime(self) -> Spelling:

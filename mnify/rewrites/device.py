@@ -105,7 +105,11 @@ def plan(ctx: FileContext) -> None:
                     "use comm.intra_rank",
                 )
                 continue
-            value = f"{comm}.intra_rank" if kind == "int" else f"'@cupy:%d' % {comm}.intra_rank"
+            value = (
+                f"{comm}.intra_rank"
+                if kind == "int"
+                else f"{ctx.q('@cupy:%d')} % {comm}.intra_rank"
+            )
             ctx.plan.replace_node(arg, _with_value(value), call.stmt)
             ctx.note(
                 call.node,

@@ -67,7 +67,7 @@ def plan(ctx: FileContext) -> list[cst.BaseStatement]:
     return [
         statement(
             "# MultiprocessIterator forks: start workers from a forkserver, never from MPI\n"
-            f"{mp}.set_start_method('forkserver')\n"
+            f"{mp}.set_start_method({ctx.q('forkserver')})\n"
         ),
         statement(f"p = {mp}.Process()\n"),
         statement("p.start()\n"),

@@ -51,7 +51,7 @@ def plan(ctx: FileContext) -> None:
         check = statement(
             f"if {operand} % {comm}.size != 0:\n"
             "    raise ValueError(\n"
-            "        '--scaling strong: global batch size %d does not divide by %d ranks'\n"
+            f"        {ctx.q('--scaling strong: global batch size %d does not divide by %d ranks')}\n"
             f"        % ({operand}, {comm}.size)\n"
             "    )\n"
         )
