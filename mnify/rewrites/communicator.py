@@ -201,7 +201,11 @@ def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
         name_expr = ctx.q("naive")
     line = f"{entry.comm} = {create}({name_expr})\n"
     if len(line) > 80:
-        line = f"{entry.comm} = {create}(\n    {name_expr})\n"
+        inner = f"    {name_expr}\n"
+        if len(inner) > 80 and test is not None:
+            gpu, cpu = ctx.q("pure_nccl"), ctx.q("naive")
+            inner = f"    {gpu}\n    if {test}\n    else {cpu}\n"
+        line = f"{entry.comm} = {create}(\n{inner})\n"
     out: list[cst.BaseStatement] = [statement(line)]
     if test is not None:
         arg = f"{entry.args}.{entry.device_dest}"
