@@ -45,6 +45,7 @@ LAYOUTS = {
         ["mna", "mna", "mnb", "mnc"],
         [[0, 2, 0, 3], [1, 2, 0, 3], [0, 1, 1, 3], [0, 1, 2, 3]],
     ),
+    "slots-2-1": ([2, 1], [], ["mna", "mna", "mnb"], [[0, 2, 0, 2], [1, 2, 0, 2], [0, 1, 1, 2]]),
     # Round-robin placement: a host's ranks are not contiguous (0 and 2 share mna).
     "2x2-map-by-node": (
         [2, 2],
