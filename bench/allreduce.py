@@ -153,11 +153,11 @@ def main() -> None:
     methods["(a') raw Allreduce + 1/size pass, 4 MiB"] = raw_mean(4 * MB)
 
     comms = []
-    for bucket in (1 * MB, 2 * MB, 4 * MB, 8 * MB):
+    for bucket in (256 * KB, 1 * MB, 2 * MB, 4 * MB, 8 * MB):
         comm = create_communicator("flat", bucket_bytes=bucket)
         comms.append(comm)
         model = GradSet(shapes, rank)
-        methods[f"mnify flat, {bucket // MB} MiB buckets"] = lambda c=comm, m=model: (
+        methods[f"mnify flat, {bucket // KB} KiB buckets"] = lambda c=comm, m=model: (
             c.multi_node_mean_grad(m)
         )
     default_flat = create_communicator("flat")

@@ -17,16 +17,16 @@ SCRIPTS = Path(__file__).parent / "comm_scripts"
 pytestmark = pytest.mark.mpi
 
 
-def _assert_done(run: RankRun, n: int, names: list[str], suffix: str = "") -> None:
+def _assert_done(run: RankRun, n: int, tags: list[str]) -> None:
     for r in range(n):
         lines = run.rank_lines(r)
-        for name in names:
-            assert f"DONE {name}{suffix}" in lines, f"rank {r} did not finish {name}\n{run.output}"
+        for tag in tags:
+            assert f"DONE {tag}" in lines, f"rank {r} did not finish {tag}\n{run.output}"
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_every_collective_matches_numpy(n: int) -> None:
-    names = ["naive", "flat", "hierarchical", "auto", "flat/small", "flat/mpi", "flat/small+mpi"]
+    names = ["naive", "flat", "hierarchical", "auto", "flat/small", "flat/mpi", "flat/mpi+small"]
     run = run_ranks(n, SCRIPTS / "collectives.py", names, timeout=180)
     _assert_done(run, n, names)
     for r in range(n):
@@ -36,8 +36,8 @@ def test_every_collective_matches_numpy(n: int) -> None:
         # flat averages through shared memory on one host unless told not to; others never do
         shm = n > 1
         assert f"SHM flat {shm}" in lines and f"SHM flat/small {shm}" in lines
-        assert "SHM flat/mpi False" in lines and "SHM flat/small+mpi False" in lines
-        assert "SHM naive False" in lines and "SHM hierarchical False" in lines
+        assert "SHM flat/mpi False" in lines and "SHM flat/mpi+small False" in lines
+        assert "SHM naive False" in lines and "SHM hierarchical True" in lines
 
 
 @pytest.mark.parametrize(
@@ -52,12 +52,22 @@ def test_fake_hosts_hierarchical_and_flat(hosts: str, debug_and_watchdog: bool) 
     env = {"MNIFY_FAKE_HOSTS": hosts, "MNIFY_SMALL_BUCKETS": "1"}
     if debug_and_watchdog:
         env |= {"MNIFY_DEBUG": "1", "MNIFY_WATCHDOG_TIMEOUT": "60"}
-    names = ["hierarchical", "auto"] if not debug_and_watchdog else ["hierarchical", "naive", "flat"]
+    names = ["hierarchical", "hierarchical/mpi"]
+    names += ["naive", "flat"] if debug_and_watchdog else ["auto"]
     run = run_ranks(n, SCRIPTS / "collectives.py", names, env=env, timeout=180)
-    _assert_done(run, n, names, suffix="/small")
-    if not debug_and_watchdog:
-        # auto picks hierarchical when hosts hold several ranks
-        assert all("CLASS auto/small hierarchical" in run.rank_lines(r) for r in range(n))
+    tags = [
+        name.replace("/mpi", "/mpi+small") if "/" in name else f"{name}/small" for name in names
+    ]
+    _assert_done(run, n, tags)
+    for r in range(n):
+        lines = run.rank_lines(r)
+        # hierarchical takes the intra-host stages through shared memory unless told not to
+        assert (
+            "SHM hierarchical/small True" in lines and "SHM hierarchical/mpi+small False" in lines
+        )
+        if not debug_and_watchdog:
+            # auto picks hierarchical when hosts hold several ranks
+            assert "CLASS auto/small hierarchical" in lines
 
 
 def test_device_arrays_are_staged_through_the_host_and_come_back_as_device_arrays() -> None:

@@ -287,7 +287,7 @@ class CommunicatorBase:
         shm = self._shared_memory()
         if shm is not None and wire.kind in "fiuc" and shm.fits(plan.buffer.nbytes):
             for views, buf in plan.pieces(flats):
-                shm.mean(views, buf, scale, self._sync)
+                self._shared_mean(shm, views, buf, scale)
         else:
             plan.run(flats, lambda buf: self._allreduce_into(buf, buf, MPI.SUM), scale)
         flush()
@@ -300,10 +300,20 @@ class CommunicatorBase:
         """The shared-memory bucket reducer, made at the first gradient reduction (collective);
         None for classes that do not use it, when disabled, or when ranks span hosts."""
         if self._shm_state == "unset":
-            if self.size > 1:
-                self._shm = SharedMemoryReducer.create(self.mpi_comm, self.bucket_bytes)
+            self._shm = self._create_shared_memory()
             self._shm_state = "ready"
         return self._shm
+
+    def _create_shared_memory(self) -> SharedMemoryReducer | None:
+        if self.size == 1:
+            return None
+        return SharedMemoryReducer.create(self.mpi_comm, self.bucket_bytes)
+
+    def _shared_mean(
+        self, shm: SharedMemoryReducer, views: list[np.ndarray], buf: np.ndarray, scale: float
+    ) -> None:
+        """One bucket's mean through shared memory."""
+        shm.mean(views, buf, scale, self._sync)
 
     def _reduce_staged(self, arrays: list[Any], scale: float) -> None:
         """:meth:`_reduce_arrays` for numpy or CuPy arrays (CuPy staged through the host)."""

@@ -2,23 +2,28 @@
 
 Only one rank per host (its leader, ``intra_rank == 0``) sends over the network, so inter-host
 traffic shrinks by the number of ranks per host. Packing and bucketing are the flat
-communicator's; only how one bucket is all-reduced differs.
+communicator's; only how one bucket is all-reduced differs. Gradient buckets take the intra-host
+stages through a shared-memory segment per host when every host can make one (each rank writes
+its scaled bucket, the leader sums them and all-reduces the sum with the other leaders, every
+rank reads the result back); ``MNIFY_SHARED_MEMORY=0`` keeps them on MPI Reduce/Bcast.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
 
 from mnify.runtime.communicators.base import CommunicatorBase
+from mnify.runtime.communicators.shared_memory import SharedMemoryReducer
 
 
 class HierarchicalCommunicator(CommunicatorBase):
     """Two-level reductions: intra-host Reduce, inter-leader Allreduce, intra-host Bcast."""
 
     name = "hierarchical"
+    uses_shared_memory = True
 
     def __init__(self, mpi_comm: MPI.Intracomm | None = None, **options: Any) -> None:
         super().__init__(mpi_comm, **options)
@@ -42,6 +47,31 @@ class HierarchicalCommunicator(CommunicatorBase):
                 self._mpi(self.inter_comm, "Allreduce", MPI.IN_PLACE, r_piece, op)
             if self.intra_size > 1:
                 self._mpi(self.intra_comm, "Bcast", r_piece, root=0)
+
+    def _create_shared_memory(self) -> SharedMemoryReducer | None:
+        """A segment per host (a host with one rank too, so every leader scales alike); used
+        only if every host got one, so all leaders run the same inter-host collectives."""
+        intra = cast(MPI.Intracomm, self.intra_comm)
+        shm = SharedMemoryReducer.create(intra, self.bucket_bytes)
+        if self.mpi_comm.allreduce(shm is not None, op=MPI.LAND):
+            return shm
+        if shm is not None:
+            shm.close()
+        return None
+
+    def _shared_mean(
+        self, shm: SharedMemoryReducer, views: list[np.ndarray], buf: np.ndarray, scale: float
+    ) -> None:
+        def across_hosts(result: np.ndarray) -> None:
+            self._mpi(self.inter_comm, "Allreduce", MPI.IN_PLACE, result, MPI.SUM)
+
+        shm.mean_through_leader(
+            views,
+            buf,
+            scale,
+            lambda: self._mpi(self.intra_comm, "Barrier"),
+            across_hosts if self.inter_size > 1 else None,
+        )
 
     def _free_comms(self) -> None:
         self.intra_comm.Free()

@@ -20,6 +20,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -46,7 +47,8 @@ class SharedMemoryReducer:
         self.size = size
         self.slot_bytes = slot_bytes
         raw = np.frombuffer(segment, dtype=np.uint8)
-        self._slots = raw.reshape(2, size, slot_bytes)
+        # per parity: one slot per rank, then the leader's result slot
+        self._slots = raw.reshape(2, size + 1, slot_bytes)
         self._parity = 0
 
     @classmethod
@@ -59,7 +61,7 @@ class SharedMemoryReducer:
         if not together:
             return None
         rank, size = comm.Get_rank(), comm.Get_size()
-        nbytes = 2 * size * slot_bytes
+        nbytes = 2 * (size + 1) * slot_bytes
         path = None
         if rank == 0:
             path = os.path.join(_segment_dir(), f"mnify-{os.getpid()}-{uuid.uuid4().hex[:12]}")
@@ -110,20 +112,46 @@ class SharedMemoryReducer:
         ``buf`` is a staging buffer of the wire dtype holding at least the pieces' total size
         (which must fit a slot); a bucket that is one piece of the wire dtype never touches it.
         """
+        slots = self._publish(views, buf.dtype, scale)
+        barrier()
+        n = slots.shape[1]
+        out = views[0] if len(views) == 1 and views[0].dtype == buf.dtype else buf[:n]
+        self._sum(slots[: self.size], out)
+        if out is not views[0]:
+            kernels.unpack(out, views)
+
+    def mean_through_leader(
+        self,
+        views: Sequence[np.ndarray],
+        buf: np.ndarray,
+        scale: float,
+        barrier: Callable[[], None],
+        across_hosts: Callable[[np.ndarray], None] | None,
+    ) -> None:
+        """:meth:`mean` for the hierarchical communicator: rank 0 of this host sums the slots
+        into the result slot and, with ``across_hosts``, all-reduces it in place with the other
+        hosts' leaders; after a second barrier every rank reads the result."""
+        slots = self._publish(views, buf.dtype, scale)
+        barrier()
+        result = slots[self.size]
+        if self.rank == 0:
+            self._sum(slots[: self.size], result)
+            if across_hosts is not None:
+                across_hosts(result)
+        barrier()
+        kernels.unpack(result, views)
+
+    def _publish(
+        self, views: Sequence[np.ndarray], wire: np.dtype[Any], scale: float
+    ) -> np.ndarray:
+        """Pack ``views`` times ``scale`` into this rank's slot of the next parity; returns that
+        parity's slots (every rank's, then the result slot) as ``wire`` arrays."""
         n = sum(int(v.size) for v in views)
-        wire = buf.dtype
         parity = self._parity
         self._parity ^= 1
         slots = self._slots[parity, :, : n * wire.itemsize].view(wire)
         kernels.pack(views, slots[self.rank], scale)
-        barrier()
-        if len(views) == 1 and views[0].dtype == wire:
-            out = views[0]
-        else:
-            out = buf[:n]
-        self._sum(slots, out)
-        if out is not views[0]:
-            kernels.unpack(out, views)
+        return slots
 
     def _sum(self, slots: np.ndarray, out: np.ndarray) -> None:
         if self.size == 1:
@@ -134,7 +162,7 @@ class SharedMemoryReducer:
             np.add(out, slots[q], out=out)
 
     def close(self) -> None:
-        self._slots = np.empty((2, 0, 0), dtype=np.uint8)
+        self._slots = np.empty((2, 0, 0), dtype=np.uint8)  # drop the views into the mapping
         try:
             self._segment.close()
         except BufferError:  # a view is still alive somewhere; the mapping goes with the process

@@ -1,7 +1,8 @@
 """Every collective of the communicator contract against numpy references, on each rank.
 
-Usage: ``collectives.py NAME[/small] ...`` (communicator names; ``/small`` or
-``MNIFY_SMALL_BUCKETS=1``: 64-byte buckets, so arrays span several buckets). Per-rank inputs are known
+Usage: ``collectives.py NAME[/MODE+MODE] ...`` (communicator names; modes ``small`` (or
+``MNIFY_SMALL_BUCKETS=1``): 64-byte buckets, so arrays span several buckets; ``mpi``: no
+shared-memory means). Output lines are tagged ``NAME/MODES`` with the modes sorted. Per-rank inputs are known
 functions of the rank, so each rank computes what every collective must return. Prints
 ``PASS <name> <check>`` per check and ``DONE <name>`` at the end; any failure raises (the failure
 hook then ends the job).
@@ -61,10 +62,11 @@ def close(got: np.ndarray, want: np.ndarray, what: str, tol: float | None = None
     )
 
 
-def check(name: str, small_buckets: bool, mode: str = "") -> None:
+def check(name: str, modes: set[str]) -> None:
+    small_buckets = "small" in modes
     comm = create_communicator(name, bucket_bytes=64 if small_buckets else None)
     r, n = comm.rank, comm.size
-    tag = f"{name}/{mode}" if mode else f"{name}{'/small' if small_buckets else ''}"
+    tag = f"{name}/{'+'.join(sorted(modes))}" if modes else name
 
     def ok(what: str) -> None:
         print(f"PASS {tag} {what}", flush=True)
@@ -298,7 +300,7 @@ if __name__ == "__main__":
     small = os.environ.get("MNIFY_SMALL_BUCKETS") == "1"
     for arg in sys.argv[1:]:
         comm_name, _, mode = arg.partition("/")
-        modes = set(mode.split("+"))
+        modes = {m for m in mode.split("+") if m} | ({"small"} if small else set())
         # "mpi": reduce over MPI even where shared memory would do (read at creation)
         os.environ["MNIFY_SHARED_MEMORY"] = "0" if "mpi" in modes else "1"
-        check(comm_name, small or "small" in modes, mode)
+        check(comm_name, modes)
