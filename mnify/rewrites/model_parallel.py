@@ -46,14 +46,6 @@ def plan(ctx: FileContext) -> None:
         if ctx.suppressed(call.node, "model-parallel"):
             continue
         label = ctx.code(call.node)
-        if ctx.options.target == "chainermn":
-            ctx.note(
-                call.node,
-                "model-parallel",
-                "needs-person",
-                f"not split: ChainerMN has no ParallelConvolution2D ({label})",
-            )
-            continue
         channels = _in_channels(call.node)
         if channels is None or (isinstance(channels, cst.Name) and channels.value == "None"):
             ctx.note(
@@ -69,6 +61,14 @@ def plan(ctx: FileContext) -> None:
                 "model-parallel",
                 "info",
                 f"not split: {channels.value} input channel cannot be divided among ranks ({label})",
+            )
+            continue
+        if ctx.options.target == "chainermn":
+            ctx.note(
+                call.node,
+                "model-parallel",
+                "needs-person",
+                f"not split: ChainerMN has no ParallelConvolution2D ({label})",
             )
             continue
         comm = ctx.comm_at(call.func, "ParallelConvolution2D")

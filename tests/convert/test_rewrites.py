@@ -249,3 +249,41 @@ if __name__ == '__main__':
         "    if opts.gpu >= 0:\n"
     ) in text
     assert "        opts.gpu = comm.intra_rank\n" in text
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "convert"
+
+
+def test_strong_scaling_divides_the_training_batch_once() -> None:
+    source = (FIXTURES / "mnist_mlp.in.py").read_text(encoding="utf-8")
+    options = ConvertOptions(scaling="strong")
+    first = convert_source(source, "mnist.py", options)
+    text = first.output or ""
+    assert "SerialIterator(train, args.batchsize // comm.size)" in text
+    assert "if args.batchsize % comm.size != 0:\n        raise ValueError(" in text
+    assert "SerialIterator(test, args.batchsize,\n" in text  # evaluation batch untouched
+    again = convert_source(text, "mnist.py", options)
+    assert again.output == text
+
+
+def test_model_parallel_report_says_why_each_conv_was_or_was_not_split() -> None:
+    source = (FIXTURES / "model_parallel_cnn.in.py").read_text(encoding="utf-8")
+    result = convert_source(source, "cnn.py", ConvertOptions(model_parallel="channel"))
+    notes = [e.message for e in result.entries if e.step == "model-parallel"]
+    convs = [m for m in notes if "Convolution2D(" in m]
+    assert len(convs) == 4
+    assert sum(m.startswith("split over ranks when") for m in convs) == 2
+    assert any("1 input channel cannot be divided" in m for m in convs)
+    assert any("inferred lazily" in m for m in convs)
+    assert any("left unwrapped" in m for m in notes)  # the optimizer
+    assert "scatter_dataset" not in (result.output or "")
+
+
+def test_model_parallel_with_chainermn_target_leaves_convs_for_a_person() -> None:
+    source = (FIXTURES / "model_parallel_cnn.in.py").read_text(encoding="utf-8")
+    result = convert_source(
+        source, "cnn.py", ConvertOptions(model_parallel="channel", target="chainermn")
+    )
+    assert "ParallelConvolution2D" not in (result.output or "")
+    assert "chainermn.iterators.create_multi_node_iterator(" in (result.output or "")
+    assert sum("ChainerMN has no ParallelConvolution2D" in m for m in people(result)) == 2
