@@ -94,10 +94,14 @@ class Watchdog:
         self._queries = comm.Dup()
         self._stop = threading.Event()
         self._closed = False
+        # The responder calls MPI beside the main thread: only safe under MPI_THREAD_MULTIPLE
+        # (mpi4py's default). Without it timeouts still fire, but cannot say who is missing.
+        self.can_ask = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self._thread = threading.Thread(
             target=self._respond, name=f"mnify-watchdog-r{self.rank}", daemon=True
         )
-        self._thread.start()
+        if self.can_ask:
+            self._thread.start()
         _live.add(self)
         if not _atexit_registered:
             # Registered after mpi4py's own exit hook, so it runs first: the responder threads
@@ -165,6 +169,8 @@ class Watchdog:
     def diagnose(self, seq: int, kind: str) -> tuple[list[int], list[str]]:
         """Ask every other rank what it last entered. Missing: ranks behind ``seq``, in another
         collective, or silent. Also returns one line per missing rank saying which."""
+        if not self.can_ask:
+            return [], ["ranks cannot be asked: MPI was initialised without THREAD_MULTIPLE"]
         others = [r for r in range(self.size) if r != self.rank]
         replies = {r: np.zeros(_REPLY_BYTES, dtype=np.uint8) for r in others}
         query = np.array([seq], dtype=np.int64)
@@ -217,7 +223,8 @@ class Watchdog:
             return
         self._closed = True
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         _live.discard(self)
         if not MPI.Is_finalized():
             self._queries.Free()
