@@ -12,6 +12,7 @@ import libcst as cst
 
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import FileContext
+from mnify.rewrites.dataset import is_training_iterator, iterator_calls
 from mnify.rewrites.optimizer import wrap_call
 
 
@@ -44,9 +45,26 @@ def _check_early_stopping(ctx: FileContext) -> None:
         )
 
 
+def _check_hand_written_evaluation(ctx: FileContext) -> None:
+    """Without a Trainer there is no Evaluator to wrap: a loop over the scattered test set
+    measures this rank's shard only."""
+    if any(names.is_trainer(c.qname) for c in ctx.facts.calls):
+        return
+    for call in iterator_calls(ctx):
+        if not is_training_iterator(call.node):
+            ctx.note(
+                call.node,
+                "evaluator",
+                "needs-person",
+                "evaluation in a hand-written loop sees only this rank's shard of the test set: "
+                "average the sums over ranks (comm.allreduce_obj) before printing them",
+            )
+
+
 def plan(ctx: FileContext) -> None:
     if ctx.options.data_parallel:
         _check_early_stopping(ctx)
+        _check_hand_written_evaluation(ctx)
     if not ctx.options.data_parallel:
         return
     wrap = ctx.spell.top("create_multi_node_evaluator")

@@ -287,3 +287,33 @@ def test_model_parallel_with_chainermn_target_leaves_convs_for_a_person() -> Non
     assert "ParallelConvolution2D" not in (result.output or "")
     assert "chainermn.iterators.create_multi_node_iterator(" in (result.output or "")
     assert sum("ChainerMN has no ParallelConvolution2D" in m for m in people(result)) == 2
+
+
+def test_subclass_of_a_threaded_model_is_reported() -> None:
+    result = conv(
+        HEAD
+        + """\
+class Block(chainer.Chain):
+    def __init__(self):
+        super().__init__()
+        with self.init_scope():
+            self.bn = L.BatchNormalization(3)
+
+
+class Wide(Block):
+    def __init__(self):
+        super().__init__()
+
+
+def main():
+    model = Wide()
+    opt = chainer.optimizers.SGD()
+"""
+    )
+    assert any("Wide subclasses Block" in m for m in people(result))
+
+
+def test_hand_written_evaluation_is_reported() -> None:
+    source = (FIXTURES / "custom_loop.in.py").read_text(encoding="utf-8")
+    result = convert_source(source, "loop.py")
+    assert any("hand-written loop sees only this rank's shard" in m for m in people(result))
