@@ -91,7 +91,7 @@ class DeviceSelectedAfterPlacement(Rule):
         if implicit is not None:
             self._placements.setdefault(scope, []).append((node, implicit, None))
             return
-        explicit = explicit_placement(node)
+        explicit = explicit_placement(self.ctx, node)
         if explicit is not None:
             self._placements.setdefault(scope, []).append((node, explicit[0], explicit[1]))
 
@@ -104,16 +104,16 @@ def _code(expr: cst.CSTNode) -> str:
 _CPU_DEVICES = ("'@numpy'", '"@numpy"', "-1", "'@intel64'", '"@intel64"')
 
 
-def explicit_placement(call: cst.Call) -> tuple[str, str] | None:
+def explicit_placement(ctx: LintContext, call: cst.Call) -> tuple[str, str] | None:
     """(description, device code) for ``x.to_gpu(d)``/``x.to_device(d)``/``cuda.to_gpu(x, d)``
     on a GPU device ``d``; None otherwise (CPU devices included)."""
     func = call.func
     device = None
-    if isinstance(func, cst.Attribute) and func.attr.value in ("to_gpu", "to_device"):
-        device = argument(call, 0, "device")
-        what = f".{func.attr.value}(...)"
-        if isinstance(func.value, cst.Name) and func.value.value == "cuda":
-            device, what = argument(call, 1, "device"), "cuda.to_gpu(...)"
+    what = ""
+    if N.any_in(ctx.callee_names(call), N.TO_GPU_FUNCTIONS):
+        device, what = argument(call, 1, "device"), "cuda.to_gpu(...)"
+    elif isinstance(func, cst.Attribute) and func.attr.value in ("to_gpu", "to_device"):
+        device, what = argument(call, 0, "device"), f".{func.attr.value}(...)"
     if device is None:
         return None
     code = _code(device)
