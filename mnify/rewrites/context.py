@@ -10,6 +10,7 @@ function or a model class's ``__init__`` it cannot, so the helper/class gains a 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -268,7 +269,9 @@ class FileContext:
         return None
 
 
-def _add_keyword(name: str, value: str):  # type: ignore[no-untyped-def]
+def _add_keyword(name: str, value: str) -> Callable[[cst.CSTNode], cst.CSTNode]:
+    """A replace-fn appending ``name=value`` to a call's arguments."""
+
     def add(node: cst.CSTNode) -> cst.CSTNode:
         assert isinstance(node, cst.Call)
         args = list(node.args)
@@ -291,8 +294,3 @@ def _add_keyword(name: str, value: str):  # type: ignore[no-untyped-def]
         return node.with_changes(args=args)
 
     return add
-
-
-def add_keyword(name: str, value: str):  # type: ignore[no-untyped-def]
-    """A replace-fn adding ``name=value`` as the call's last argument."""
-    return _add_keyword(name, value)

@@ -18,7 +18,7 @@ import libcst as cst
 
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.edits import Guard, expression, statement
+from mnify.rewrites.edits import Guard, NodeFn, expression, statement
 from mnify.rewrites.facts import CallFact, assigned_in, names_in, target_names
 
 
@@ -204,7 +204,7 @@ def _target_order(stmt: cst.BaseStatement) -> list[str]:
     return order
 
 
-def _arg_value(value: str):  # type: ignore[no-untyped-def]
+def _arg_value(value: str) -> NodeFn:
     def fn(node: cst.CSTNode) -> cst.CSTNode:
         assert isinstance(node, cst.Arg)
         return node.with_changes(value=expression(value))

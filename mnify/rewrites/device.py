@@ -15,7 +15,7 @@ import libcst as cst
 
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.edits import expression
+from mnify.rewrites.edits import NodeFn, expression
 from mnify.rewrites.facts import CallFact, names_in
 
 
@@ -128,7 +128,7 @@ def plan(ctx: FileContext) -> None:
             )
 
 
-def _with_value(value: str):  # type: ignore[no-untyped-def]
+def _with_value(value: str) -> NodeFn:
     def fn(node: cst.CSTNode) -> cst.CSTNode:
         assert isinstance(node, cst.Arg)
         return node.with_changes(value=expression(value))
@@ -136,7 +136,7 @@ def _with_value(value: str):  # type: ignore[no-untyped-def]
     return fn
 
 
-def _with_first_arg(value: str):  # type: ignore[no-untyped-def]
+def _with_first_arg(value: str) -> NodeFn:
     def fn(node: cst.CSTNode) -> cst.CSTNode:
         assert isinstance(node, cst.Call)
         return node.with_changes(args=[cst.Arg(expression(value)), *node.args])

@@ -84,9 +84,6 @@ class Facts:
         """The fact recorded for a call node (None for anything else)."""
         return self.call_index.get(id(node)) if node is not None else None
 
-    def calls_to(self, *predicates: str) -> list[CallFact]:
-        return [c for c in self.calls if c.qname in predicates]
-
     def assigns_of(self, name: str) -> list[AssignFact]:
         if not self.assigns_by_name and self.assigns:
             for a in self.assigns:

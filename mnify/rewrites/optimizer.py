@@ -13,7 +13,7 @@ import libcst as cst
 
 from mnify.rewrites import chainer_names as names
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.edits import expression
+from mnify.rewrites.edits import NodeFn, expression
 
 
 def plan(ctx: FileContext) -> None:
@@ -55,7 +55,7 @@ def plan(ctx: FileContext) -> None:
 _ONE_LINE = 48
 
 
-def _wrap(func: str, comm: str):  # type: ignore[no-untyped-def]
+def _wrap(func: str, comm: str) -> NodeFn:
     """A replace-fn turning ``X(...)`` into ``func(X(...), comm)``."""
 
     def fn(node: cst.CSTNode) -> cst.CSTNode:
