@@ -185,20 +185,12 @@ def convert_sources(
     converted = {ctx.module_name for ctx in contexts.values()}
     peek = _peek_bn_factory(list(sources), converted)
     preambles = {}
-    for path, ctx in contexts.items():
-        ctx.lint_reported = _lint_findings(ctx)
-        communicator.find_entry(ctx)
-        if ctx.entry is not None:
-            ctx.plan.comm = ctx.entry.comm
-        device.plan(ctx)
-        optimizer.plan(ctx)
-        dataset.plan(ctx)
-        model_parallel.plan(ctx)
-        scaling.plan(ctx)
-        evaluator.plan(ctx)
-        batchnorm.plan(ctx, peek)
-        guards.plan(ctx)
-        preambles[path] = forkserver.plan(ctx)
+    for path, ctx in list(contexts.items()):
+        try:
+            preambles[path] = _plan_file(ctx, peek)
+        except Exception as exc:  # a rewrite bug costs this file, not the whole run
+            results[path].error = f"1:1: internal error while converting: {exc!r}"
+            del contexts[path]
     for _ in range(5):
         callees: dict[str, str] = {}
         for ctx in contexts.values():
@@ -217,22 +209,54 @@ def convert_sources(
     for path, ctx in contexts.items():
         if progress is not None:
             progress(path)
-        communicator.emit(ctx, preambles[path])
-        imports.emit(ctx)
         result = results[path]
-        result.entries = ctx.entries
-        if not ctx.plan:
-            result.output = ctx.source
-            continue
-        new = ctx.module.visit(ApplyEdits(ctx.plan, ctx.facts.parent_statement)).code
         try:
-            # Python's own parser re-reads the output: what it rejects is never handed out.
-            compile(new, path, "exec", dont_inherit=True)
-        except Exception as exc:  # never hand out output that does not parse
-            result.error = f"internal error, output does not parse: {parse_error(exc)}"
-            continue
-        result.output = new
+            _finish_file(ctx, preambles[path], result)
+        except Exception as exc:
+            result.error = f"1:1: internal error while converting: {exc!r}"
     return [results[p] for p in sources]
+
+
+def _plan_file(ctx: FileContext, peek: Callable[[str], bool]) -> list[cst.BaseStatement]:
+    """Every rewrite plans its edits (order matters: dataset guards before print guards)."""
+    ctx.lint_reported = _lint_findings(ctx)
+    communicator.find_entry(ctx)
+    if ctx.entry is not None:
+        ctx.plan.comm = ctx.entry.comm
+    device.plan(ctx)
+    optimizer.plan(ctx)
+    dataset.plan(ctx)
+    model_parallel.plan(ctx)
+    scaling.plan(ctx)
+    evaluator.plan(ctx)
+    batchnorm.plan(ctx, peek)
+    guards.plan(ctx)
+    return forkserver.plan(ctx)
+
+
+def _finish_file(ctx: FileContext, preamble: list[cst.BaseStatement], result: FileResult) -> None:
+    """Insert the communicator and imports, apply the plan, and check the output parses."""
+    communicator.emit(ctx, preamble)
+    imports.emit(ctx)
+    result.entries = ctx.entries
+    if not ctx.plan:
+        result.output = ctx.source
+        return
+    new = ctx.module.visit(ApplyEdits(ctx.plan, ctx.facts.parent_statement)).code
+    try:
+        # Python's own parser re-reads the output: what it rejects is never handed out.
+        compile(new, ctx.path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        try:
+            compile(ctx.source, ctx.path, "exec", dont_inherit=True)
+        except SyntaxError as original:  # the input was never valid Python 3 to begin with
+            result.error = f"{original.lineno or 1}:{original.offset or 1}: {original.msg}"
+            return
+        result.error = (
+            f"{exc.lineno or 1}:{exc.offset or 1}: internal error, output does not parse: {exc.msg}"
+        )
+        return
+    result.output = new
 
 
 def convert_source(

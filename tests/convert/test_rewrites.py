@@ -317,3 +317,24 @@ def test_hand_written_evaluation_is_reported() -> None:
     source = (FIXTURES / "custom_loop.in.py").read_text(encoding="utf-8")
     result = convert_source(source, "loop.py")
     assert any("hand-written loop sees only this rank's shard" in m for m in people(result))
+
+
+def test_input_libcst_parses_but_python_rejects_is_an_error() -> None:
+    source = "import chainer\n\ndef main():\n    opt = chainer.optimizers.SGD()\n\nreturn 1\n"
+    result = convert_source(source, "bad.py")
+    assert result.output is None
+    assert result.error is not None and result.error.startswith("6:")
+
+
+def test_a_rewrite_bug_costs_one_file_not_the_run(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from mnify.rewrites import driver
+
+    def broken(ctx):  # type: ignore[no-untyped-def]
+        if ctx.path == "a.py":
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(driver.guards, "plan", broken)
+    src = "import chainer\n\ndef main():\n    opt = chainer.optimizers.SGD()\n"
+    a, b = convert_sources({"a.py": src, "b.py": src})
+    assert a.output is None and a.error is not None and "boom" in a.error
+    assert b.error is None and "create_multi_node_optimizer" in (b.output or "")
