@@ -43,28 +43,32 @@ def test_every_collective_matches_numpy(n: int) -> None:
 @pytest.mark.parametrize(
     ("hosts", "debug_and_watchdog"),
     [("0,0,1,1", False), ("0,1,1", True)],
-    ids=["2x2-hosts-tiny-buckets", "hosts-2-1-debug-watchdog"],
+    ids=["hosts-2-2-tiny-buckets", "hosts-1-2-debug-watchdog"],
 )
 def test_fake_hosts_hierarchical_and_flat(hosts: str, debug_and_watchdog: bool) -> None:
     """Hierarchical over faked hosts, with 64-byte buckets so every array spans several
     buckets; the second case also runs every collective under MNIFY_DEBUG and the watchdog."""
     n = len(hosts.split(","))
-    env = {"MNIFY_FAKE_HOSTS": hosts, "MNIFY_SMALL_BUCKETS": "1"}
+    env = {"MNIFY_FAKE_HOSTS": hosts}
     if debug_and_watchdog:
         env |= {"MNIFY_DEBUG": "1", "MNIFY_WATCHDOG_TIMEOUT": "60"}
-    names = ["hierarchical", "hierarchical/mpi"]
-    names += ["naive", "flat"] if debug_and_watchdog else ["auto"]
+    names = ["hierarchical/small", "hierarchical/mpi+small"]
+    # unequal hosts with a tight shared-memory budget: slots smaller than buckets, yet every
+    # host must cut the same buckets
+    names += (
+        ["naive/small", "flat/small", "hierarchical/tinyshm"]
+        if debug_and_watchdog
+        else ["auto/small"]
+    )
     run = run_ranks(n, SCRIPTS / "collectives.py", names, env=env, timeout=180)
-    tags = [
-        name.replace("/mpi", "/mpi+small") if "/" in name else f"{name}/small" for name in names
-    ]
-    _assert_done(run, n, tags)
+    _assert_done(run, n, names)
     for r in range(n):
         lines = run.rank_lines(r)
         # hierarchical takes the intra-host stages through shared memory unless told not to
-        assert (
-            "SHM hierarchical/small True" in lines and "SHM hierarchical/mpi+small False" in lines
-        )
+        assert "SHM hierarchical/small True" in lines, run.output
+        assert "SHM hierarchical/mpi+small False" in lines, run.output
+        if debug_and_watchdog:
+            assert "SHM hierarchical/tinyshm True" in lines, run.output
         if not debug_and_watchdog:
             # auto picks hierarchical when hosts hold several ranks
             assert "CLASS auto/small hierarchical" in lines

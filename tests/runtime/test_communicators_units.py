@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mnify.runtime import debug, watchdog
+from mnify.runtime.communicators import shared_memory
 from mnify.runtime.communicators.buckets import BucketPlan, PlanCache
 from mnify.runtime.communicators.topology import Topology
 from mnify.runtime.debug import CallSignature
@@ -130,3 +131,11 @@ def test_env_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
     for value, on in (("1", True), ("yes", True), ("0", False), ("", False), ("off", False)):
         monkeypatch.setenv(debug.ENV, value)
         assert debug.enabled() is on
+
+
+def test_shared_memory_slots_hold_a_bucket_within_the_segment_budget() -> None:
+    budget = shared_memory.SEGMENT_BUDGET
+    assert shared_memory.slot_size(4 << 20, 2) == 4 << 20  # 2 parities x 3 slots x 4 MiB fits
+    slot = shared_memory.slot_size(4 << 20, 8)  # 2 x 9 x 4 MiB does not
+    assert slot % 64 == 0 and 2 * 9 * slot <= budget < 2 * 9 * (slot + 64)
+    assert shared_memory.slot_size(64, 1000) == 64  # tiny buckets stay as they are

@@ -282,10 +282,11 @@ class CommunicatorBase:
             return
         wire = self.allreduce_grad_dtype or np.result_type(*arrays)
         wire = arr.reduction_dtype(np.dtype(wire))
-        plan = self._plans.get(arrays, wire, self.bucket_bytes, tag="reduce")
+        shm = self._shared_memory() if wire.kind in "fiuc" else None
+        bucket_bytes = shm.slot_bytes if shm is not None else self.bucket_bytes
+        plan = self._plans.get(arrays, wire, bucket_bytes, tag="reduce")
         flats, flush = arr.contiguous_views(arrays)
-        shm = self._shared_memory()
-        if shm is not None and wire.kind in "fiuc" and shm.fits(plan.buffer.nbytes):
+        if shm is not None:
             for views, buf in plan.pieces(flats):
                 self._shared_mean(shm, views, buf, scale)
         else:
@@ -307,7 +308,8 @@ class CommunicatorBase:
     def _create_shared_memory(self) -> SharedMemoryReducer | None:
         if self.size == 1:
             return None
-        return SharedMemoryReducer.create(self.mpi_comm, self.bucket_bytes)
+        slot = shared_memory.slot_size(self.bucket_bytes, self.size)
+        return SharedMemoryReducer.create(self.mpi_comm, slot)
 
     def _shared_mean(
         self, shm: SharedMemoryReducer, views: list[np.ndarray], buf: np.ndarray, scale: float

@@ -15,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 from mpi4py import MPI
 
+from mnify.runtime.communicators import shared_memory
 from mnify.runtime.communicators.base import CommunicatorBase
 from mnify.runtime.communicators.shared_memory import SharedMemoryReducer
 
@@ -52,7 +53,11 @@ class HierarchicalCommunicator(CommunicatorBase):
         """A segment per host (a host with one rank too, so every leader scales alike); used
         only if every host got one, so all leaders run the same inter-host collectives."""
         intra = cast(MPI.Intracomm, self.intra_comm)
-        shm = SharedMemoryReducer.create(intra, self.bucket_bytes)
+        # one slot size everywhere (from the most crowded host): every host must cut the same
+        # buckets, or the leaders' inter-host allreduces would not match
+        crowded = max(len(self.topology.ranks_on(h)) for h in self.topology.hosts)
+        slot = shared_memory.slot_size(self.bucket_bytes, crowded)
+        shm = SharedMemoryReducer.create(intra, slot)
         if self.mpi_comm.allreduce(shm is not None, op=MPI.LAND):
             return shm
         if shm is not None:

@@ -34,6 +34,20 @@ def enabled_by_env() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+SEGMENT_BUDGET = 32 << 20
+
+
+def slot_size(bucket_bytes: int, size: int) -> int:
+    """A bucket's bytes, or less so that a segment for ``size`` ranks (two parities of
+    ``size + 1`` slots) stays within ``SEGMENT_BUDGET``: containers often give /dev/shm only
+    64 MiB. A multiple of 64 bytes (cache lines, any dtype's alignment) unless buckets are
+    smaller."""
+    budget = SEGMENT_BUDGET // (2 * (size + 1))
+    if bucket_bytes <= budget:
+        return bucket_bytes
+    return max(64, budget // 64 * 64)
+
+
 def _segment_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
@@ -54,7 +68,7 @@ class SharedMemoryReducer:
     @classmethod
     def create(cls, comm: MPI.Intracomm, slot_bytes: int) -> SharedMemoryReducer | None:
         """Collective. None when the ranks span several hosts or no segment could be made (then
-        callers reduce over MPI)."""
+        callers reduce over MPI). Callers cut buckets to ``slot_bytes`` (see :func:`slot_size`)."""
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         together = node.Get_size() == comm.Get_size()
         node.Free()
@@ -96,9 +110,6 @@ class SharedMemoryReducer:
             return None
         assert segment is not None
         return cls(segment, rank, size, slot_bytes)
-
-    def fits(self, nbytes: int) -> bool:
-        return nbytes <= self.slot_bytes
 
     def mean(
         self,

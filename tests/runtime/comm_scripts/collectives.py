@@ -2,7 +2,7 @@
 
 Usage: ``collectives.py NAME[/MODE+MODE] ...`` (communicator names; modes ``small`` (or
 ``MNIFY_SMALL_BUCKETS=1``): 64-byte buckets, so arrays span several buckets; ``mpi``: no
-shared-memory means). Output lines are tagged ``NAME/MODES`` with the modes sorted. Per-rank inputs are known
+shared-memory means; ``tinyshm``: a 4 KiB shared-memory budget). Output lines are tagged ``NAME/MODES`` with the modes sorted. Per-rank inputs are known
 functions of the rank, so each rank computes what every collective must return. Prints
 ``PASS <name> <check>`` per check and ``DONE <name>`` at the end; any failure raises (the failure
 hook then ends the job).
@@ -23,7 +23,7 @@ if _fake:
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from mnify.runtime.communicators import create_communicator  # noqa: E402
+from mnify.runtime.communicators import create_communicator, shared_memory  # noqa: E402
 
 DTYPES = (np.float16, np.float32, np.float64)
 
@@ -64,6 +64,8 @@ def close(got: np.ndarray, want: np.ndarray, what: str, tol: float | None = None
 
 def check(name: str, modes: set[str]) -> None:
     small_buckets = "small" in modes
+    # "tinyshm": a 4 KiB shared-memory budget, so slots are smaller than buckets
+    shared_memory.SEGMENT_BUDGET = 4096 if "tinyshm" in modes else (32 << 20)
     comm = create_communicator(name, bucket_bytes=64 if small_buckets else None)
     r, n = comm.rank, comm.size
     tag = f"{name}/{'+'.join(sorted(modes))}" if modes else name
