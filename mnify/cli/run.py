@@ -45,6 +45,10 @@ def _read_hosts(hostfile: str | None, hosts: str | None) -> list[HostSlots] | No
     return None
 
 
+# What PRTE prints when it loses a remote daemon (a host dropped off the network).
+LOST_DAEMON = "lost communication with a remote daemon"
+
+
 def _exit_status(returncode: int) -> int:
     """mpiexec killed by a signal shows as -SIG from Popen; shells say 128+SIG."""
     return 128 - returncode if returncode < 0 else returncode
@@ -193,6 +197,12 @@ def run(
     except OSError as exc:
         _fail(f"cannot start {mpiexec.path}: {exc}")
     status = _exit_status(result.returncode)
+    if status == 0 and (
+        any(tb.fatal for tb in result.tracebacks) or LOST_DAEMON in result.launcher_text
+    ):
+        # Open MPI 5 sometimes exits 0 after a rank aborted or a host's daemon was lost; the job
+        # still failed, and a scheduler or CI must see that.
+        status = 1
     if status == 0:
         for tb in result.tracebacks:  # handled errors printed by a job that still succeeded
             if not tb.shown:

@@ -52,6 +52,7 @@ class RankTraceback:
     lines: list[str]
     host: str | None = None
     shown: bool = False  # already printed raw while the job ran
+    fatal: bool = False  # announced by the ``[mnify] rank R failed:`` header: the rank died of it
 
     @property
     def text(self) -> str:
@@ -129,6 +130,7 @@ class TracebackCollector:
             self._close(st)
             st.host = header.group("host")
             st.block = self._open(rank, st.host)
+            st.block.fatal = True
             st.state = _State.FRAMES
             st.fatal = True
             return []
@@ -494,7 +496,7 @@ def render_summary(summary: FailureSummary) -> str:
     """The text printed after a failed job: one traceback per group, then the hint."""
     out = [f"mnify run: the job failed (exit status {summary.returncode}): {summary.kind.value}"]
     for group in summary.errors + summary.timeouts:
-        hosts = f" on host {', '.join(group.hosts)}" if group.hosts else ""
+        hosts = f" on host {', '.join(sorted(group.hosts))}" if group.hosts else ""
         out.append("")
         what = "collective timeout" if group.timeout else "error"
         out.append(f"── {what} on {describe_ranks(group.ranks, summary.nprocs)}{hosts} ──")

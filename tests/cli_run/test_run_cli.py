@@ -225,3 +225,30 @@ def test_dry_run_with_host_list_and_usage_errors(tmp_path: Path) -> None:
     assert no_mpiexec.exit_code == 2 and "not an executable" in no_mpiexec.stderr
     quote = invoke("-n", "2", "--mpiexec", str(fake), "--mpi-arg", "--mca 'x", str(SCRIPT))
     assert quote.exit_code == 2 and "--mpi-arg" in quote.stderr
+
+
+@pytest.mark.parametrize(
+    "stderr_lines",
+    [
+        # a rank announced its death, yet mpiexec exited 0 (seen with Open MPI 5.0.11)
+        [
+            "[1,1]<stderr>: [mnify] rank 1 (host mnb) failed:",
+            f"[1,1]<stderr>: {TRACEBACK}",
+            '[1,1]<stderr>:   File "train.py", line 3, in <module>',
+            "[1,1]<stderr>: RuntimeError: boom",
+        ],
+        # a host dropped off the network and PRTE still exited 0
+        ["PRTE has lost communication with a remote daemon."],
+    ],
+)
+def test_a_failed_job_never_exits_zero(tmp_path: Path, stderr_lines: list[str]) -> None:
+    fake = tmp_path / "mpiexec"
+    body = "".join(f"echo '{line}' >&2\n" for line in stderr_lines)
+    fake.write_text(
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'mpiexec (Open MPI) 5.0.0'; exit 0; fi\n"
+        f"{body}exit 0\n",
+        encoding="utf-8",
+    )
+    fake.chmod(0o755)
+    result = invoke("-n", "2", "--mpiexec", str(fake), str(SCRIPT), "ok")
+    assert result.exit_code == 1, result.stderr
