@@ -89,7 +89,11 @@ def _convert_with_progress(
 @click.option("--no-backup", is_flag=True, help="With --in-place: keep no SRC.orig.")
 @click.option("--check", is_flag=True, help="Exit 1 when a file would change; write nothing.")
 @click.option(
-    "--target", type=click.Choice(["mnify", "chainermn"]), default="mnify", show_default=True
+    "--target",
+    type=click.Choice(["mnify", "chainermn"]),
+    default="mnify",
+    show_default=True,
+    help="Emit mnify.runtime calls, or the same calls on real ChainerMN.",
 )
 @click.option(
     "--communicator",
@@ -98,9 +102,19 @@ def _convert_with_progress(
     show_default=True,
     help="auto: naive on CPU runs, pure_nccl on GPU runs, decided from the script's device flag.",
 )
-@click.option("--scaling", type=click.Choice(["weak", "strong"]), default="weak", show_default=True)
 @click.option(
-    "--model-parallel", type=click.Choice(["none", "channel"]), default="none", show_default=True
+    "--scaling",
+    type=click.Choice(["weak", "strong"]),
+    default="weak",
+    show_default=True,
+    help="weak: per-rank batch as written; strong: the global batch is kept (divided by ranks).",
+)
+@click.option(
+    "--model-parallel",
+    type=click.Choice(["none", "channel"]),
+    default="none",
+    show_default=True,
+    help="channel: split convolutions' channels over ranks instead of the data.",
 )
 @click.option(
     "--report",
