@@ -338,3 +338,18 @@ def test_a_rewrite_bug_costs_one_file_not_the_run(monkeypatch) -> None:  # type:
     a, b = convert_sources({"a.py": src, "b.py": src})
     assert a.output is None and a.error is not None and "boom" in a.error
     assert b.error is None and "create_multi_node_optimizer" in (b.output or "")
+
+
+def test_tab_indented_script_keeps_tabs() -> None:
+    source = (FIXTURES / "custom_loop.in.py").read_text(encoding="utf-8")
+    tabbed = "\n".join(
+        "\t" * ((len(line) - len(line.lstrip(" "))) // 4) + line.lstrip(" ")
+        for line in source.split("\n")
+    )
+    compile(tabbed, "tabbed.py", "exec")
+    text = convert_source(tabbed, "tabbed.py", ConvertOptions(scaling="strong")).output or ""
+    compile(text, "tabbed.py", "exec")
+    assert "\tif comm.rank == 0:\n\t\ttrain, test = load_data(args.synthetic)\n" in text
+    assert "    " not in "".join(
+        line[: len(line) - len(line.lstrip())] for line in text.splitlines()
+    )
