@@ -11,10 +11,10 @@ the median is printed beside it:
 - (a) raw mpi4py ``Allreduce`` (in place) of the same bytes as one float32 buffer, cut in chunks of
   each size in a sweep; the best chunk size is the baseline. The sweep is also the evidence for
   the communicators' default bucket size.
-- mnify ``multi_node_mean_grad`` of ``flat`` (bucket sizes swept too; on one host it averages
-  through shared memory, and once more with ``MNIFY_SHARED_MEMORY=0`` over MPI Allreduce, and
-  once under the watchdog), ``naive``, ``hierarchical``, on a stand-in model holding the 161
-  float32 gradients (25.5 M floats) of ResNet-50.
+- mnify ``multi_node_mean_grad`` of ``flat`` (on one host it averages through shared memory:
+  slot sizes swept; with ``MNIFY_SHARED_MEMORY=0`` over MPI Allreduce: bucket sizes swept; once
+  under the watchdog), ``naive``, ``hierarchical``, on a stand-in model holding the 161 float32
+  gradients (25.5 M floats) of ResNet-50.
 - (a') raw Allreduce plus the 1/size pass a mean needs: the floor for any mean built on MPI
   Allreduce.
 - (b) ChainerMN's ``naive`` communicator (inside chainer 7.8.1) on a Chainer Link holding the same
@@ -38,7 +38,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mnify.runtime.communicators import create_communicator  # noqa: E402
+from mnify.runtime.communicators import create_communicator, shared_memory  # noqa: E402
 
 KB = 1 << 10
 MB = 1 << 20
@@ -153,28 +153,32 @@ def main() -> None:
     methods["(a') raw Allreduce + 1/size pass, 4 MiB"] = raw_mean(4 * MB)
 
     comms = []
-    for bucket in (256 * KB, 1 * MB, 2 * MB, 4 * MB, 8 * MB):
-        comm = create_communicator("flat", bucket_bytes=bucket)
-        comms.append(comm)
+
+    def flat(label: str, env: dict[str, str], slot_cap: int | None = None, **options: Any) -> None:
+        """A flat communicator made under ``env`` (read at creation), its shared-memory segment
+        (if any) made at once with ``slot_cap``, measured as ``label``."""
+        os.environ.update(env)
+        comm = create_communicator("flat", **options)
+        for key in env:
+            del os.environ[key]
         model = GradSet(shapes, rank)
-        methods[f"mnify flat, {bucket // KB} KiB buckets"] = lambda c=comm, m=model: (
-            c.multi_node_mean_grad(m)
+        default_cap = shared_memory.SLOT_CAP
+        shared_memory.SLOT_CAP = slot_cap or default_cap
+        comm.multi_node_mean_grad(model)  # makes the segment with this slot size
+        shared_memory.SLOT_CAP = default_cap
+        comms.append(comm)
+        methods[label] = lambda: comm.multi_node_mean_grad(model)
+
+    flat("mnify flat (defaults)", {})
+    for cap in (64 * KB, 128 * KB, 512 * KB, 1 * MB):
+        flat(f"mnify flat, shared memory, {cap // KB} KiB slots", {}, slot_cap=cap)
+    for bucket in (1 * MB, 2 * MB, 4 * MB, 8 * MB):
+        flat(
+            f"mnify flat over MPI, {bucket // MB} MiB buckets",
+            {"MNIFY_SHARED_MEMORY": "0"},
+            bucket_bytes=bucket,
         )
-    default_flat = create_communicator("flat")
-    flat_model = GradSet(shapes, rank)
-    methods["mnify flat (default buckets)"] = lambda: default_flat.multi_node_mean_grad(flat_model)
-    os.environ["MNIFY_SHARED_MEMORY"] = "0"  # read when a communicator is created
-    over_mpi = create_communicator("flat")
-    del os.environ["MNIFY_SHARED_MEMORY"]
-    comms.append(over_mpi)
-    mpi_model = GradSet(shapes, rank)
-    methods["mnify flat over MPI Allreduce"] = lambda: over_mpi.multi_node_mean_grad(mpi_model)
-    os.environ["MNIFY_WATCHDOG_TIMEOUT"] = "600"
-    watched = create_communicator("flat")
-    del os.environ["MNIFY_WATCHDOG_TIMEOUT"]
-    comms.append(watched)
-    watched_model = GradSet(shapes, rank)
-    methods["mnify flat, watchdog on"] = lambda: watched.multi_node_mean_grad(watched_model)
+    flat("mnify flat, watchdog on", {"MNIFY_WATCHDOG_TIMEOUT": "600"})
     for name in ("naive", "hierarchical"):
         comm = create_communicator(name)
         comms.append(comm)
@@ -218,7 +222,7 @@ def main() -> None:
             f"{k:<40} {med[k] * 1e3:9.1f} {median[k] * 1e3:10.1f} {med[k] / base:11.2f}x "
             f"{nbytes / med[k] / 1e9:6.2f}"
         )
-    flat_t = med["mnify flat (default buckets)"]
+    flat_t = med["mnify flat (defaults)"]
     print(f"\nbest raw chunking: {best_raw}")
     print(f"goal (a): mnify flat / best raw Allreduce = {flat_t / base:.2f}x (goal <= 1.15x)")
     floor = min(med[k] for k in mean_keys)

@@ -134,8 +134,9 @@ def test_env_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_shared_memory_slots_hold_a_bucket_within_the_segment_budget() -> None:
-    budget = shared_memory.SEGMENT_BUDGET
-    assert shared_memory.slot_size(4 << 20, 2) == 4 << 20  # 2 parities x 3 slots x 4 MiB fits
-    slot = shared_memory.slot_size(4 << 20, 8)  # 2 x 9 x 4 MiB does not
-    assert slot % 64 == 0 and 2 * 9 * slot <= budget < 2 * 9 * (slot + 64)
+    budget, cap = shared_memory.SEGMENT_BUDGET, shared_memory.SLOT_CAP
+    assert shared_memory.slot_size(4 << 20, 2) == cap  # cache-sized, not bucket-sized
+    assert shared_memory.slot_size(cap // 2, 2) == cap // 2
+    slot = shared_memory.slot_size(4 << 20, 100)  # 2 x 101 slots of SLOT_CAP would not fit
+    assert slot < cap and slot % 64 == 0 and 2 * 101 * slot <= budget < 2 * 101 * (slot + 64)
     assert shared_memory.slot_size(64, 1000) == 64  # tiny buckets stay as they are
