@@ -350,3 +350,24 @@ def test_tab_indented_script_keeps_tabs() -> None:
     text = convert_source(tabbed, "tabbed.py", ConvertOptions(scaling="strong")).output or ""
     compile(text, "tabbed.py", "exec")
     assert "\tif comm.rank == 0:\n\t\ttrain, test = load_data(args.synthetic)\n" in text
+
+
+def test_chainer7_device_flag_with_deprecated_gpu_alias() -> None:
+    text = out(
+        HEAD
+        + """\
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--device', '-d', type=str, default='-1')
+    group = parser.add_argument_group('deprecated arguments')
+    group.add_argument('--gpu', '-g', dest='device', type=int, nargs='?', const=0)
+    args = parser.parse_args()
+    device = chainer.get_device(args.device)
+    model = L.Linear(3, 2)
+    model.to_device(device)
+    opt = chainer.optimizers.SGD()
+"""
+    )
+    assert "isinstance(chainer.get_device(args.device), chainer.backend.GpuDevice)" in text
+    assert "args.device = '@cupy:%d' % comm.intra_rank" in text
+    assert "model.to_device(device)" in text  # follows args.device: left as written
