@@ -257,6 +257,45 @@ class FileContext:
             self.note(call.node, "threading", "changed", f"pass comm to {label}")
         return len(self.needs_comm_funcs) + len(self.needs_comm_classes) > before
 
+    def thread_subclasses(self, callees: dict[str, str]) -> bool:
+        """Subclasses of a model class that now takes ``comm`` take it too and pass it on.
+
+        ``Sub.__init__`` gains the keyword-only parameter and its ``super().__init__(...)``
+        (or ``Base.__init__(self, ...)``) passes ``comm=comm``; a subclass without its own
+        ``__init__`` simply inherits the new signature. Returns whether anything was added.
+        """
+        grew = False
+        for name, bases in self.facts.class_bases.items():
+            if name in self.needs_comm_classes:
+                continue
+            base = next((b for b in bases if self._matches(b, callees)), None)
+            if base is None:
+                continue
+            cls = self.facts.classes[name]
+            self.needs_comm_classes[name] = cls
+            grew = True
+            init = next(
+                (
+                    s
+                    for s in cls.body.body
+                    if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
+                ),
+                None,
+            )
+            if init is None:
+                continue
+            self._add_comm_param(init)
+            for call in self.facts.calls:
+                if call.func is init and call.method == "__init__":
+                    self._threaded_sites.add(id(call.node))
+                    self.plan.replace_node(call.node, _add_keyword("comm", "comm"), call.stmt)
+                    self.note(call.node, "threading", "changed", f"{name} passes comm to {base}")
+        return grew
+
+    def _matches(self, qname: str, callees: dict[str, str]) -> bool:
+        q = qname.lstrip(".")
+        return q in callees or any(q.endswith("." + n) for n in callees)
+
     def _callee_label(self, call: CallFact, callees: dict[str, str]) -> str | None:
         if not call.qname:
             return None

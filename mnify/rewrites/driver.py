@@ -129,30 +129,6 @@ def _lint_findings(ctx: FileContext) -> bool:
     return True
 
 
-def _report_subclasses(contexts: Mapping[str, FileContext]) -> None:
-    """A subclass of a model class that now takes ``comm`` must pass it to ``super().__init__``."""
-    takes_comm = {
-        f"{ctx.module_name}.{name}" for ctx in contexts.values() for name in ctx.needs_comm_classes
-    }
-    bare = {name for ctx in contexts.values() for name in ctx.needs_comm_classes}
-    for ctx in contexts.values():
-        for name, bases in ctx.facts.class_bases.items():
-            for base in bases:
-                b = base.lstrip(".")
-                if (
-                    b in takes_comm
-                    or (b in bare and b in ctx.needs_comm_classes)
-                    or any(b.endswith("." + t) for t in takes_comm)
-                ):
-                    ctx.note(
-                        ctx.facts.classes[name],
-                        "threading",
-                        "needs-person",
-                        f"{name} subclasses {b}, whose __init__ now takes comm: accept comm "
-                        "and pass it on in super().__init__(..., comm=comm)",
-                    )
-
-
 def convert_sources(
     sources: Mapping[str, str],
     options: ConvertOptions | None = None,
@@ -199,10 +175,11 @@ def convert_sources(
         grew = False
         for ctx in contexts.values():
             own = {n: n for n in (*ctx.needs_comm_funcs, *ctx.needs_comm_classes)}
+            grew = ctx.thread_subclasses({**callees, **own}) or grew
+            own = {n: n for n in (*ctx.needs_comm_funcs, *ctx.needs_comm_classes)}
             grew = ctx.thread_calls({**callees, **own}) or grew
         if not grew:
             break
-    _report_subclasses(contexts)
     for path in sources:
         if path not in contexts and progress is not None:
             progress(path)

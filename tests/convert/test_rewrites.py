@@ -289,8 +289,8 @@ def test_model_parallel_with_chainermn_target_leaves_convs_for_a_person() -> Non
     assert sum("ChainerMN has no ParallelConvolution2D" in m for m in people(result)) == 2
 
 
-def test_subclass_of_a_threaded_model_is_reported() -> None:
-    result = conv(
+def test_subclass_of_a_threaded_model_takes_and_passes_comm() -> None:
+    text = out(
         HEAD
         + """\
 class Block(chainer.Chain):
@@ -305,12 +305,19 @@ class Wide(Block):
         super().__init__()
 
 
+class Same(Block):
+    pass
+
+
 def main():
     model = Wide()
+    other = Same()
     opt = chainer.optimizers.SGD()
 """
     )
-    assert any("Wide subclasses Block" in m for m in people(result))
+    assert "class Wide(Block):\n    def __init__(self, *, comm):\n" in text
+    assert "        super().__init__(comm=comm)\n" in text
+    assert "    model = Wide(comm=comm)\n    other = Same(comm=comm)\n" in text
 
 
 def test_hand_written_evaluation_is_reported() -> None:
