@@ -51,6 +51,12 @@ def test_large_arrays_get_buckets_of_their_own_small_ones_are_packed() -> None:
     assert {2, 4} in [set(i for i, _, _ in b) for b in plan.buckets]
 
 
+def test_arrays_from_own_bucket_bytes_up_are_never_packed() -> None:
+    plan = BucketPlan.build([100, 3, 9, 8, 2], np.dtype(np.float32), 400, own_bucket_bytes=32)
+    groups = [sorted({i for i, _, _ in b}) for b in plan.buckets]
+    assert groups == [[0], [2], [3], [1, 4]]
+
+
 def test_plan_run_reduces_scales_and_casts() -> None:
     arrays = [
         np.arange(12, dtype=np.float32).reshape(3, 4),

@@ -39,6 +39,10 @@ from mnify.runtime.watchdog import Watchdog, timeout_from_env
 # see that script's chunk table; 1-4 MiB pieces were all within a few percent of the best.
 DEFAULT_BUCKET_BYTES = 4 << 20
 
+# Over MPI, arrays from this size up are reduced in their own memory (one Allreduce per
+# bucket-sized piece) instead of being packed with others.
+OWN_BUCKET_BYTES = 64 << 10
+
 _ARRAY = "array"
 _OBJECT = "object"
 
@@ -283,8 +287,13 @@ class CommunicatorBase:
         wire = self.allreduce_grad_dtype or np.result_type(*arrays)
         wire = arr.reduction_dtype(np.dtype(wire))
         shm = self._shared_memory() if wire.kind in "fiuc" else None
-        bucket_bytes = shm.slot_bytes if shm is not None else self.bucket_bytes
-        plan = self._plans.get(arrays, wire, bucket_bytes, tag="reduce")
+        if shm is not None:
+            plan = self._plans.get(arrays, wire, shm.slot_bytes, tag="shared")
+        else:
+            # over MPI, packing costs two extra passes: only small arrays are worth it
+            plan = self._plans.get(
+                arrays, wire, self.bucket_bytes, tag="mpi", own_bucket_bytes=OWN_BUCKET_BYTES
+            )
         flats, flush = arr.contiguous_views(arrays)
         if shm is not None:
             for views, buf in plan.pieces(flats):

@@ -33,19 +33,27 @@ class BucketPlan:
 
     @classmethod
     def build(
-        cls, sizes: Sequence[int], wire_dtype: np.dtype[Any], bucket_bytes: int
+        cls,
+        sizes: Sequence[int],
+        wire_dtype: np.dtype[Any],
+        bucket_bytes: int,
+        own_bucket_bytes: int | None = None,
     ) -> BucketPlan:
-        """Arrays of at least half a bucket get buckets of their own (split evenly when larger
-        than one), so they can be reduced straight from their own memory; smaller arrays are
-        packed together, in order, into shared buckets."""
+        """Arrays of at least ``own_bucket_bytes`` (default: half a bucket) get buckets of their
+        own (split evenly when larger than one), so they can be reduced straight from their own
+        memory; smaller arrays are packed together, in order, into shared buckets."""
         per_bucket = max(1, bucket_bytes // wire_dtype.itemsize)
+        half = -(-per_bucket // 2)
+        alone_from = half
+        if own_bucket_bytes is not None:
+            alone_from = min(half, max(1, own_bucket_bytes // wire_dtype.itemsize))
         buckets: list[list[Piece]] = []
         current: list[Piece] = []
         room = per_bucket
         for index, size in enumerate(sizes):
             if size == 0:
                 continue
-            if 2 * size >= per_bucket:
+            if size >= alone_from:
                 count = -(-size // per_bucket)
                 bounds = [size * k // count for k in range(count + 1)]
                 buckets.extend(
@@ -108,16 +116,19 @@ class PlanCache:
         wire_dtype: np.dtype[Any],
         bucket_bytes: int,
         tag: str = "",
+        own_bucket_bytes: int | None = None,
     ) -> BucketPlan:
         key: LayoutKey = (
             tag,
             wire_dtype.str,
             bucket_bytes,
+            own_bucket_bytes,
             tuple((a.dtype.str, a.shape) for a in arrays),
         )
         plan = self._plans.get(key)
         if plan is None:
-            plan = BucketPlan.build([a.size for a in arrays], wire_dtype, bucket_bytes)
+            sizes = [a.size for a in arrays]
+            plan = BucketPlan.build(sizes, wire_dtype, bucket_bytes, own_bucket_bytes)
             self._plans[key] = plan
             while len(self._plans) > self._keep:
                 self._plans.popitem(last=False)
