@@ -155,17 +155,16 @@ def main() -> None:
     comms = []
 
     def flat(label: str, env: dict[str, str], slot_cap: int | None = None, **options: Any) -> None:
-        """A flat communicator made under ``env`` (read at creation), its shared-memory segment
-        (if any) made at once with ``slot_cap``, measured as ``label``."""
+        """A flat communicator made under ``env`` (read at creation) and with shared-memory
+        slots of ``slot_cap``, measured as ``label``."""
         os.environ.update(env)
+        default_cap = shared_memory.SLOT_CAP
+        shared_memory.SLOT_CAP = slot_cap or default_cap  # read when the segment is made
         comm = create_communicator("flat", **options)
+        shared_memory.SLOT_CAP = default_cap
         for key in env:
             del os.environ[key]
         model = GradSet(shapes, rank)
-        default_cap = shared_memory.SLOT_CAP
-        shared_memory.SLOT_CAP = slot_cap or default_cap
-        comm.multi_node_mean_grad(model)  # makes the segment with this slot size
-        shared_memory.SLOT_CAP = default_cap
         comms.append(comm)
         methods[label] = lambda: comm.multi_node_mean_grad(model)
 

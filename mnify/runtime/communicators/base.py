@@ -108,12 +108,12 @@ class CommunicatorBase:
         self._finalized = False
         self._batched_copy = True
         self._config_depth = 0
+        self._make_comms()
+        # made now, while construction is a blocking collective anyway (the watchdog times
+        # collectives, not set-up); None when not wanted (MNIFY_SHARED_MEMORY=0) or possible
         self._shm: SharedMemoryReducer | None = None
-        # made lazily, at the first gradient reduction: "off" when this class or the
-        # environment (MNIFY_SHARED_MEMORY=0, read now) does not want it
-        self._shm_state = (
-            "unset" if self.uses_shared_memory and shared_memory.enabled_by_env() else "off"
-        )
+        if self.uses_shared_memory and shared_memory.enabled_by_env():
+            self._shm = self._create_shared_memory()
 
     # -- topology -------------------------------------------------------------------------------
 
@@ -286,7 +286,7 @@ class CommunicatorBase:
             return
         wire = self.allreduce_grad_dtype or np.result_type(*arrays)
         wire = arr.reduction_dtype(np.dtype(wire))
-        shm = self._shared_memory() if wire.kind in "fiuc" else None
+        shm = self._shm if wire.kind in "fiuc" else None
         if shm is not None:
             plan = self._plans.get(arrays, wire, shm.slot_bytes, tag="shared")
         else:
@@ -306,15 +306,12 @@ class CommunicatorBase:
         """A barrier inside a collective (timed by the watchdog like the collective)."""
         self._mpi(self.mpi_comm, "Barrier")
 
-    def _shared_memory(self) -> SharedMemoryReducer | None:
-        """The shared-memory bucket reducer, made at the first gradient reduction (collective);
-        None for classes that do not use it, when disabled, or when ranks span hosts."""
-        if self._shm_state == "unset":
-            self._shm = self._create_shared_memory()
-            self._shm_state = "ready"
-        return self._shm
+    def _make_comms(self) -> None:
+        """Hook for subclasses: create further MPI communicators (collective, in __init__)."""
 
     def _create_shared_memory(self) -> SharedMemoryReducer | None:
+        """The shared-memory bucket reducer (collective, in __init__); None when the ranks span
+        hosts or no segment could be made."""
         if self.size == 1:
             return None
         slot = shared_memory.slot_size(self.bucket_bytes, self.size)

@@ -10,7 +10,7 @@ rank reads the result back); ``MNIFY_SHARED_MEMORY=0`` keeps them on MPI Reduce/
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
@@ -26,11 +26,13 @@ class HierarchicalCommunicator(CommunicatorBase):
     name = "hierarchical"
     uses_shared_memory = True
 
-    def __init__(self, mpi_comm: MPI.Intracomm | None = None, **options: Any) -> None:
-        super().__init__(mpi_comm, **options)
-        self.intra_comm: MPI.Comm = self.mpi_comm.Split(self.inter_rank, self.rank)
+    intra_comm: MPI.Comm  # the ranks of this host
+    inter_comm: MPI.Comm  # the hosts' leaders (COMM_NULL on other ranks)
+
+    def _make_comms(self) -> None:
+        self.intra_comm = self.mpi_comm.Split(self.inter_rank, self.rank)
         leader = self.intra_rank == 0
-        self.inter_comm: MPI.Comm = self.mpi_comm.Split(0 if leader else MPI.UNDEFINED, self.rank)
+        self.inter_comm = self.mpi_comm.Split(0 if leader else MPI.UNDEFINED, self.rank)
 
     def _allreduce_into(self, send: np.ndarray, recv: np.ndarray, op: MPI.Op) -> None:
         leader = self.intra_rank == 0
