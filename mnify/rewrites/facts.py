@@ -121,6 +121,38 @@ def target_names(target: cst.BaseExpression) -> list[str]:
     return []
 
 
+# Nodes whose subtrees hold nothing the facts need (tokens, whitespace, literals, names,
+# imports: visit_Module reads those itself). Not descending into them makes the walk cheaper.
+_NOTHING_INSIDE: frozenset[type[cst.CSTNode]] = frozenset(
+    {
+        cst.Name,
+        cst.SimpleString,
+        cst.Integer,
+        cst.Float,
+        cst.Imaginary,
+        cst.Import,
+        cst.ImportFrom,
+        cst.Comma,
+        cst.Dot,
+        cst.Colon,
+        cst.Semicolon,
+        cst.AssignEqual,
+        cst.LeftParen,
+        cst.RightParen,
+        cst.LeftSquareBracket,
+        cst.RightSquareBracket,
+        cst.LeftCurlyBrace,
+        cst.RightCurlyBrace,
+        cst.SimpleWhitespace,
+        cst.ParenthesizedWhitespace,
+        cst.TrailingWhitespace,
+        cst.EmptyLine,
+        cst.Newline,
+        cst.Comment,
+    }
+)
+
+
 class FactCollector(cst.CSTVisitor):
     """The single analysis walk (see module docstring)."""
 
@@ -231,6 +263,8 @@ class FactCollector(cst.CSTVisitor):
         self._stmts.pop()
 
     def on_visit(self, node: cst.CSTNode) -> bool:
+        if type(node) in _NOTHING_INSIDE:
+            return False
         if self._rank0 and isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self.facts.under_rank0.add(id(node))
         if isinstance(node, cst.BaseCompoundStatement):
