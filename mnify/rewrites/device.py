@@ -60,7 +60,27 @@ def _traced(ctx: FileContext, expr: cst.BaseExpression, depth: int = 0) -> bool:
     return False
 
 
+_MULTI_GPU_UPDATERS = ("ParallelUpdater", "MultiprocessParallelUpdater")
+
+
+def _check_multi_gpu_updaters(ctx: FileContext) -> None:
+    """Single-node multi-GPU updaters drive several GPUs from one process: under MPI each rank
+    drives one, so they become a StandardUpdater on the rank's GPU (a person decides)."""
+    for call in ctx.facts.calls:
+        if names.under(call.qname, "chainer.training") and names.last(call.qname) in (
+            _MULTI_GPU_UPDATERS
+        ):
+            ctx.note(
+                call.node,
+                "device",
+                "needs-person",
+                f"{names.last(call.qname)} drives several GPUs from one process: with one rank "
+                "per GPU use StandardUpdater(..., device=comm.intra_rank) instead",
+            )
+
+
 def plan(ctx: FileContext) -> None:
+    _check_multi_gpu_updaters(ctx)
     facts = ctx.facts
     has_use = any(c.method == "use" for c in facts.calls)
     for call in facts.calls:

@@ -378,3 +378,17 @@ def main():
     assert "isinstance(chainer.get_device(args.device), chainer.backend.GpuDevice)" in text
     assert "args.device = '@cupy:%d' % comm.intra_rank" in text
     assert "model.to_device(device)" in text  # follows args.device: left as written
+
+
+def test_single_node_multi_gpu_updater_needs_a_person() -> None:
+    result = conv(
+        HEAD
+        + """\
+from chainer import training
+
+def main(train_iter, optimizer):
+    updater = training.updaters.ParallelUpdater(
+        train_iter, optimizer, devices={'main': 0, 'second': 1})
+"""
+    )
+    assert any("ParallelUpdater drives several GPUs" in m for m in people(result))
