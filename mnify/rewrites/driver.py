@@ -129,6 +129,42 @@ def _lint_findings(ctx: FileContext) -> bool:
     return True
 
 
+def _report_unconverted_callers(contexts: Mapping[str, FileContext], paths: list[str]) -> None:
+    """Sibling scripts left out of the conversion that use a class/function now taking comm."""
+    converted = {str(Path(p).resolve()) for p in paths}
+    for ctx in contexts.values():
+        changed = [*ctx.needs_comm_classes, *ctx.needs_comm_funcs]
+        if not changed or ctx.path.startswith("<"):
+            continue
+        folder = Path(ctx.path).parent
+        try:
+            siblings = sorted(folder.glob("*.py"))
+        except OSError:
+            continue
+        imports_me = re.compile(
+            rf"^\s*(from\s+\.?{re.escape(ctx.module_name)}\s+import|import\s+{re.escape(ctx.module_name)}\b)",
+            re.M,
+        )
+        for sibling in siblings:
+            if str(sibling.resolve()) in converted:
+                continue
+            try:
+                text = sibling.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            if not imports_me.search(text):
+                continue
+            for name in changed:
+                if re.search(rf"\b{re.escape(name)}\s*\(", text):
+                    ctx.note(
+                        None,
+                        "threading",
+                        "needs-person",
+                        f"{sibling.name} (not converted) calls {name}, which now takes comm=...: "
+                        "convert it too or pass comm there",
+                    )
+
+
 def convert_sources(
     sources: Mapping[str, str],
     options: ConvertOptions | None = None,
@@ -180,6 +216,7 @@ def convert_sources(
             grew = ctx.thread_calls({**callees, **own}) or grew
         if not grew:
             break
+    _report_unconverted_callers(contexts, list(sources))
     for path in sources:
         if path not in contexts and progress is not None:
             progress(path)

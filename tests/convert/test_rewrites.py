@@ -392,3 +392,13 @@ def main(train_iter, optimizer):
 """
     )
     assert any("ParallelUpdater drives several GPUs" in m for m in people(result))
+
+
+def test_unconverted_sibling_calling_a_changed_class_is_reported(tmp_path: Path) -> None:
+    net = (FIXTURES / "dcgan" / "in" / "net.py").read_text(encoding="utf-8")
+    (tmp_path / "net.py").write_text(net, encoding="utf-8")
+    (tmp_path / "generate.py").write_text(
+        "from net import Generator\n\ngen = Generator(n_hidden=4)\n", encoding="utf-8"
+    )
+    (result,) = convert_sources({str(tmp_path / "net.py"): net})
+    assert any("generate.py (not converted) calls Generator" in m for m in people(result))
