@@ -36,8 +36,10 @@ def enabled_by_env() -> bool:
 
 SEGMENT_BUDGET = 32 << 20
 # Slots small enough that a bucket stays in cache between packing and summing. Measured with
-# bench/allreduce.py on 2 ranks (ResNet-50 gradients): 64 KiB 34.4 ms, 128 KiB 27.4,
-# 256 KiB 25.4, 512 KiB 25.8, 1 MiB 29.1, 4 MiB 35.0 (MPI Allreduce + 1/size pass: 27.3).
+# bench/allreduce.py on 2 ranks (ResNet-50 gradients), two quiet runs, ms:
+#   slot        64 KiB  128 KiB  256 KiB  512 KiB  1 MiB  4 MiB
+#   run 1        34.4    27.4     25.4     25.8    29.1   35.0   (MPI Allreduce + 1/size: 27.3)
+#   run 2        38.3    30.3     29.5     30.0    33.1     -    (MPI Allreduce + 1/size: 30.4)
 SLOT_CAP = 256 << 10
 
 
