@@ -156,8 +156,10 @@ def test_mnist_strong_scaling_reproduces_single_process(ranks: int, tmp_path: Pa
         np.testing.assert_allclose(p_many[key], p_one[key], rtol=1e-5, atol=1e-7, err_msg=key)
 
 
-def test_model_parallel_cnn_matches_single_process(tmp_path: Path) -> None:
-    """--model-parallel channel: 2 ranks, every rank sees the same batch, split convolutions.
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_model_parallel_cnn_matches_single_process(ranks: int, tmp_path: Path) -> None:
+    """--model-parallel channel: every rank sees the same batch, split convolutions (3 ranks
+    split 8 and 16 channels unevenly).
 
     The loss curve of the converted CNN on 2 ranks equals the original's single-process curve
     (issue 5): splitting channels must not change the arithmetic.
@@ -178,7 +180,7 @@ def test_model_parallel_cnn_matches_single_process(tmp_path: Path) -> None:
         rel: expected_path(case, rel).read_text(encoding="utf-8") for rel in read_sources(case)
     }
     script = _install(case, outputs, tmp_path / "code")
-    run = _run_on_ranks(2, script, args, tmp_path)
+    run = _run_on_ranks(ranks, script, args, tmp_path)
     assert run.returncode == 0, run.output
     one = _log(single / "result" / "log")
     many = _log(tmp_path / "rank0" / "result" / "log")
