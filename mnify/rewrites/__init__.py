@@ -5,7 +5,8 @@ rewrite plan its edits against those facts (``communicator``, ``device``, ``opti
 ``dataset``, ``evaluator``, ``guards``, ``batchnorm``, ``forkserver``, ``scaling``,
 ``model_parallel``, ``imports``), thread ``comm`` through helpers and model classes across files
 (``context``), apply all edits in one pass (``edits``), re-parse the output, and report
-(``report``).
+(``report``; line numbers from ``lines``, names matched by ``chainer_names``, flags in
+``options``).
 """
 
 from __future__ import annotations

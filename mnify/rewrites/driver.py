@@ -157,7 +157,7 @@ def _report_unconverted_callers(contexts: Mapping[str, FileContext], paths: list
             for name in changed:
                 if re.search(rf"\b{re.escape(name)}\s*\(", text):
                     ctx.note(
-                        None,
+                        ctx.needs_comm_classes.get(name) or ctx.needs_comm_funcs.get(name),
                         "threading",
                         "needs-person",
                         f"{sibling.name} (not converted) calls {name}, which now takes comm=...: "
