@@ -207,6 +207,8 @@ def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
             inner = f"    {gpu}\n    if {test}\n    else {cpu}\n"
         line = f"{entry.comm} = {create}(\n{inner})\n"
     out: list[cst.BaseStatement] = [statement(line)]
+    if not ctx.options.data_parallel:
+        out.append(statement(_same_initial_weights(ctx)))
     if test is not None:
         arg = f"{entry.args}.{entry.device_dest}"
         rank = f"{entry.comm}.intra_rank"
@@ -222,6 +224,21 @@ def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
                 )
             )
     return out
+
+
+def _same_initial_weights(ctx: FileContext) -> str:
+    """Model parallel: no optimizer broadcasts parameters, so every rank must draw the same
+    initial weights (replicated layers, and the slices of each split convolution). Rank 0's
+    numpy random state goes to every rank, which keeps a seed the user set earlier."""
+    np_name = next((b for b, m in ctx.facts.imported_modules.items() if m == "numpy"), None)
+    if np_name is None:
+        ctx.imports_needed.add("import numpy")
+        np_name = "numpy"
+    comm = ctx.entry.comm if ctx.entry is not None else "comm"
+    return (
+        "# model parallel: every rank must build the same initial weights\n"
+        f"{np_name}.random.set_state({comm}.bcast_obj({np_name}.random.get_state()))\n"
+    )
 
 
 def emit(ctx: FileContext, preamble: list[cst.BaseStatement]) -> None:

@@ -16,10 +16,10 @@ FIXTURE = REPO / "fixtures" / "convert" / "model_parallel_cnn.in.py"
 KEYS = ["main/loss", "main/accuracy", "validation/main/loss", "validation/main/accuracy"]
 
 
-def convert(tmp_path: Path) -> Path:
+def convert(tmp_path: Path, source: Path = FIXTURE) -> Path:
     out = tmp_path / "train_mn.py"
     mnify = Path(sys.executable).parent / "mnify"
-    cmd = [str(mnify), "convert", "--model-parallel", "channel", str(FIXTURE), "-o", str(out)]
+    cmd = [str(mnify), "convert", "--model-parallel", "channel", str(source), "-o", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     text = out.read_text(encoding="utf-8")
@@ -56,3 +56,16 @@ def test_converted_cnn_trains_like_the_original(tmp_path: Path, n: int) -> None:
     for w, g in zip(want, got, strict=True):
         for key in KEYS:
             assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6), (key, w, g)
+
+
+@pytest.mark.mpi
+def test_unseeded_script_still_builds_identical_replicas(tmp_path: Path) -> None:
+    """A script that never seeds numpy still trains: the converter hands rank 0's random state
+    to every rank, so replicated layers and weight slices start the same (MNIFY_DEBUG checks)."""
+    unseeded = tmp_path / "unseeded.py"
+    source = FIXTURE.read_text(encoding="utf-8")
+    assert "    np.random.seed(0)\n" in source
+    unseeded.write_text(source.replace("    np.random.seed(0)\n", ""), encoding="utf-8")
+    converted = convert(tmp_path, unseeded)
+    env = {"MNIFY_DEBUG": "1", "MNIFY_WATCHDOG_TIMEOUT": "120"}
+    run_ranks(2, converted, ["--epoch", "1", "--out", "parallel"], cwd=tmp_path, env=env)
