@@ -154,37 +154,3 @@ def test_mnist_strong_scaling_reproduces_single_process(ranks: int, tmp_path: Pa
     assert p_one.keys() == p_many.keys() and p_one
     for key in p_one:
         np.testing.assert_allclose(p_many[key], p_one[key], rtol=1e-5, atol=1e-7, err_msg=key)
-
-
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_model_parallel_cnn_matches_single_process(ranks: int, tmp_path: Path) -> None:
-    """--model-parallel channel: every rank sees the same batch, split convolutions (3 ranks
-    split 8 and 16 channels unevenly).
-
-    The loss curve of the converted CNN on 2 ranks equals the original's single-process curve
-    (issue 5): splitting channels must not change the arithmetic.
-    """
-    case = next(c for c in CASES if c.name == "model_parallel_cnn")
-    args = ["--synthetic", "32", "--batchsize", "8", "--epoch", "2", "--out", "result"]
-    single = tmp_path / "single"
-    single.mkdir()
-    subprocess.run(
-        [sys.executable, str(case.source), *args],
-        cwd=single,
-        env=mpi_env(),
-        check=True,
-        capture_output=True,
-        timeout=240,
-    )
-    outputs = {
-        rel: expected_path(case, rel).read_text(encoding="utf-8") for rel in read_sources(case)
-    }
-    script = _install(case, outputs, tmp_path / "code")
-    run = _run_on_ranks(ranks, script, args, tmp_path)
-    assert run.returncode == 0, run.output
-    one = _log(single / "result" / "log")
-    many = _log(tmp_path / "rank0" / "result" / "log")
-    for key in ("main/loss", "validation/main/loss"):
-        np.testing.assert_allclose(
-            [e[key] for e in many], [e[key] for e in one], rtol=1e-5, err_msg=key
-        )
