@@ -18,9 +18,9 @@ echo "== 1. mnify convert $example   (a diff for review; nothing is written)"
 echo "== 2. mnify convert $example -o $work/train_mnist_mn.py --report $work/report.txt"
 "$bin/mnify" convert "$example" -o "$work/train_mnist_mn.py" --report "$work/report.txt"
 
-echo "== 3. mpiexec -n 2: the converted script on 2 ranks (CPU, 256 random examples)"
+echo "== 3. mnify run -n 2: the converted script on 2 ranks (CPU, 256 random examples)"
 cd "$work"
-"$bin/mpiexec" --oversubscribe -n 2 "$bin/python" train_mnist_mn.py \
+"$bin/mnify" run -n 2 train_mnist_mn.py \
   --device -1 --synthetic 256 --batchsize 32 --epoch 2 --unit 64 --noplot --out result
 
 echo "== rank 0 alone wrote $work/result:"
