@@ -1,11 +1,14 @@
 """Averaging buckets through a shared-memory segment when every rank runs on one host.
 
-An MPI Allreduce followed by the 1/size pass reads and writes the gradients twice; on one host
-the mean can be had for one pass. Each rank writes its bucket, cast and scaled, into its own
-slot of a segment all ranks map; after one barrier every rank sums the slots, in rank order,
-straight into its gradients. Slots are double-buffered: bucket k uses parity k % 2, so the
-barrier of bucket k + 1 already proves that every rank has finished reading bucket k's slots
-before anyone overwrites them, and one barrier per bucket suffices.
+An MPI Allreduce followed by the 1/size pass goes over the gradients in memory twice; on one
+host the mean needs one such pass plus work on cache-sized slots. Each rank writes its bucket,
+cast and scaled, into its own slot of a segment all ranks map; after one barrier every rank
+sums the slots, in rank order, straight into its gradients. Slots are double-buffered: bucket k
+uses parity k % 2, so the barrier of bucket k + 1 already proves that every rank has finished
+reading bucket k's slots before anyone overwrites them, and one barrier per bucket suffices.
+The hierarchical communicator uses the same segment per host with a result slot: the host's
+leader sums into it and all-reduces it with the other leaders; a second barrier releases the
+readers (:meth:`SharedMemoryReducer.mean_through_leader`).
 
 Every rank adds the slots in the same order, so all ranks get bit-identical results. The segment
 is a file under ``/dev/shm`` (or the temporary directory), created by rank 0 with its space
