@@ -77,6 +77,23 @@ def _params(model: Any) -> list[tuple[str, Any]]:
     return sorted(model.namedparams(), key=lambda item: item[0])
 
 
+def grads_to_reduce(model: Any, zero_fill: bool) -> tuple[list[str], list[Any]]:
+    """The names and ``.grad`` arrays of ``model`` that a mean-grad reduces, in rank-agreed order.
+
+    ``zero_fill``: a parameter with data but no grad gets a zero grad (so every rank reduces the
+    same arrays); otherwise it is skipped.
+    """
+    names, grads = [], []
+    for name, param in _params(model):
+        if param.grad is None:
+            if not zero_fill or getattr(param, "data", None) is None:
+                continue
+            param.grad = arr.zeros_like(param.data)
+        names.append(name)
+        grads.append(param.grad)
+    return names, grads
+
+
 class CommunicatorBase:
     """A communicator over a duplicate of ``mpi_comm`` (default ``COMM_WORLD``).
 
@@ -358,14 +375,7 @@ class CommunicatorBase:
         grad first, so every rank reduces the same arrays. ``zero_fill=False``: such parameters
         are skipped, and every rank must then skip the same ones (``MNIFY_DEBUG=1`` checks).
         """
-        names, grads = [], []
-        for name, param in _params(model):
-            if param.grad is None:
-                if not zero_fill or getattr(param, "data", None) is None:
-                    continue
-                param.grad = arr.zeros_like(param.data)
-            names.append(name)
-            grads.append(param.grad)
+        names, grads = grads_to_reduce(model, zero_fill)
         self._enter(
             CallSignature.of("multi_node_mean_grad", grads, names=names)
             if self._debug

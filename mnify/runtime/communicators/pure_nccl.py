@@ -36,7 +36,7 @@ from mpi4py import MPI
 
 from mnify.runtime import kernels
 from mnify.runtime.communicators import _arrays as arr
-from mnify.runtime.communicators.base import CommunicatorBase, _params
+from mnify.runtime.communicators.base import CommunicatorBase, _params, grads_to_reduce
 from mnify.runtime.debug import CallSignature
 from mnify.runtime.errors import CollectiveTimeout
 
@@ -345,14 +345,7 @@ class PureNcclCommunicator(CommunicatorBase):
     ) -> None:
         """Average every parameter's ``.grad`` over ranks in place, on ``stream`` (default:
         the current stream). See :meth:`CommunicatorBase.multi_node_mean_grad`."""
-        names, grads = [], []
-        for name, param in _params(model):
-            if param.grad is None:
-                if not zero_fill or getattr(param, "data", None) is None:
-                    continue
-                param.grad = arr.zeros_like(param.data)
-            names.append(name)
-            grads.append(param.grad)
+        names, grads = grads_to_reduce(model, zero_fill)
         if grads and not self._on_device(grads):
             super().multi_node_mean_grad(model, zero_fill)
             return
