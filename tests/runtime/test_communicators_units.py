@@ -146,3 +146,16 @@ def test_shared_memory_slots_hold_a_bucket_within_the_segment_budget() -> None:
     slot = shared_memory.slot_size(4 << 20, 100)  # 2 x 101 slots of SLOT_CAP would not fit
     assert slot < cap and slot % 64 == 0 and 2 * 101 * slot <= budget < 2 * 101 * (slot + 64)
     assert shared_memory.slot_size(64, 1000) == 64  # tiny buckets stay as they are
+
+
+def test_copies_of_a_model_share_its_communicator() -> None:
+    """``copy.deepcopy`` of a model holding a communicator (MNBN, ParallelConvolution2D) shares it."""
+    import copy
+
+    from mnify.runtime.communicators import create_communicator
+
+    comm = create_communicator("naive")
+    holder = {"comm": comm, "weights": np.ones(3)}
+    clone = copy.deepcopy(holder)
+    assert clone["comm"] is comm and copy.copy(comm) is comm
+    assert clone["weights"] is not holder["weights"]

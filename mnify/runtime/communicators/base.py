@@ -674,6 +674,15 @@ class CommunicatorBase:
         self._enter(CallSignature("barrier"), timed=False)
         self._mpi(self.mpi_comm, "Barrier")
 
+    def __copy__(self) -> CommunicatorBase:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CommunicatorBase:
+        # A communicator is a handle on the job, not data: a deep copy of a model that holds one
+        # (``Link.copy(mode='copy')``, ``copy.deepcopy(model)``) must share it, not fail to pickle
+        # an MPI communicator.
+        return self
+
     def split(self, color: int, key: int) -> CommunicatorBase:
         """A communicator of the same class over the ranks that passed the same ``color``,
         ordered by ``key``."""
