@@ -111,6 +111,13 @@ def _exit_status(returncode: int) -> int:
     hidden=True,
     help="How long a traceback may stay held back while the job still runs.",
 )
+@click.option(
+    "--abort-timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Stop a job whose mpiexec outlives a failed rank by this many seconds.",
+)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -124,6 +131,7 @@ def run(
     exports: tuple[str, ...],
     mpiexec_path: str | None,
     hold_seconds: float,
+    abort_timeout: float,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -193,12 +201,15 @@ def run(
             err=sys.stderr,
             tag_output=tag_output,
             hold_seconds=hold_seconds,
+            abort_timeout=abort_timeout,
         )
     except OSError as exc:
         _fail(f"cannot start {mpiexec.path}: {exc}")
     status = _exit_status(result.returncode)
     if status == 0 and (
-        any(tb.fatal for tb in result.tracebacks) or LOST_DAEMON in result.launcher_text
+        any(tb.fatal for tb in result.tracebacks)
+        or LOST_DAEMON in result.launcher_text
+        or result.stopped_after_failure
     ):
         # Open MPI 5 sometimes exits 0 after a rank aborted or a host's daemon was lost; the job
         # still failed, and a scheduler or CI must see that.

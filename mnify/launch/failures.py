@@ -53,6 +53,7 @@ class RankTraceback:
     host: str | None = None
     shown: bool = False  # already printed raw while the job ran
     fatal: bool = False  # announced by the ``[mnify] rank R failed:`` header: the rank died of it
+    seen_at: float = 0.0  # when its first line arrived (the collector's clock)
 
     @property
     def text(self) -> str:
@@ -129,7 +130,7 @@ class TracebackCollector:
         if header:
             self._close(st)
             st.host = header.group("host")
-            st.block = self._open(rank, st.host)
+            st.block = self._open(rank, st.host, now)
             st.block.fatal = True
             st.state = _State.FRAMES
             st.fatal = True
@@ -144,7 +145,7 @@ class TracebackCollector:
             return []
         if text.startswith(TRACEBACK_START) and st.state in (_State.OUTSIDE, _State.MESSAGE):
             self._close(st)  # a new traceback right after a message is a separate one
-            st.block = self._open(rank, st.host)
+            st.block = self._open(rank, st.host, now)
             st.block.lines.append(text)
             st.state = _State.FRAMES
             return []
@@ -190,12 +191,17 @@ class TracebackCollector:
         """Blocks that got no line for ``hold_seconds``: closed and returned to be shown raw."""
         out = []
         for st in self._ranks.values():
-            if st.block is not None and now - st.last_line_at >= hold_seconds:
+            # A dying rank's report is never stale: the summary at the end shows it.
+            if st.block is not None and not st.fatal and now - st.last_line_at >= hold_seconds:
                 block = st.block
                 self._close(st)
                 block.shown = True
                 out.append(block)
         return out
+
+    def first_fatal(self) -> RankTraceback | None:
+        """The first report of a rank that announced its death, if any."""
+        return next((tb for tb in self.tracebacks if tb.fatal), None)
 
     def finish(self) -> list[RankTraceback]:
         """Close every open block; all tracebacks seen, in order of appearance."""
@@ -203,8 +209,8 @@ class TracebackCollector:
             self._close(st)
         return self.tracebacks
 
-    def _open(self, rank: int, host: str | None) -> RankTraceback:
-        block = RankTraceback(rank=rank, lines=[], host=host)
+    def _open(self, rank: int, host: str | None, now: float = 0.0) -> RankTraceback:
+        block = RankTraceback(rank=rank, lines=[], host=host, seen_at=now)
         self.tracebacks.append(block)
         return block
 

@@ -9,7 +9,9 @@ printed raw after ``hold_seconds`` so a rank that hangs after a handled error is
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -35,6 +37,7 @@ class JobResult:
     launcher_text: str  # stderr outside tracebacks: mpiexec's reports, MPI_ABORT banners
     stderr_by_rank: dict[int, list[str]] = field(default_factory=dict)
     interrupted: bool = False
+    stopped_after_failure: bool = False  # mpiexec outlived a rank's abort and we ended it
 
 
 def _read_lines(stream: IO[bytes], name: str, sink: queue.Queue[object]) -> None:
@@ -117,10 +120,17 @@ def run_job(
     err: TextIO,
     tag_output: bool = False,
     hold_seconds: float = 10.0,
+    abort_timeout: float = 30.0,
     base_env: Mapping[str, str] | None = None,
     cwd: str | None = None,
 ) -> JobResult:
-    """Run ``command`` to completion; returns mpiexec's exit status and the ranks' tracebacks."""
+    """Run ``command`` to completion; returns mpiexec's exit status and the ranks' tracebacks.
+
+    mpiexec runs in a session of its own so that everything it started (launch agents, daemons)
+    can be stopped together. When a rank has announced its death and mpiexec has still not ended
+    the job ``abort_timeout`` seconds later (an abort lost between hosts), the job is stopped
+    here: a failed rank must never leave the job hanging.
+    """
     proc = subprocess.Popen(
         command.argv,
         env=command.full_env(base_env),
@@ -128,6 +138,7 @@ def run_job(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     assert proc.stdout is not None and proc.stderr is not None
     lines: queue.Queue[object] = queue.Queue()
@@ -140,21 +151,37 @@ def run_job(
 
     pump = _Pump(flavor, _Printer(out, err, tag_output))
     interrupted = False
+    stopped_at: float | None = None
     open_streams = len(readers)
     while open_streams:
         try:
             open_streams -= pump.next(lines)
             pump.release_stale(hold_seconds)
+            now = time.monotonic()
+            if stopped_at is None:
+                fatal = pump.collector.first_fatal()
+                if fatal is not None and fatal.seen_at + abort_timeout <= now:
+                    err.write(
+                        f"mnify run: rank {fatal.rank} failed {abort_timeout:g} s ago and mpiexec "
+                        "has not ended the job; stopping it\n"
+                    )
+                    err.flush()
+                    _signal_job(proc, signal.SIGTERM)
+                    stopped_at = now
+            elif now - stopped_at > 5:
+                _signal_job(proc, signal.SIGKILL)
+                if proc.poll() is not None and now - stopped_at > 10:
+                    break  # something outside the session still holds the pipes
         except KeyboardInterrupt:
-            # The terminal sent SIGINT to mpiexec too; it stops the ranks. Keep reading until
-            # it has, so their last words (and the summary) still appear. A second Ctrl-C kills.
-            if interrupted:
-                proc.kill()
+            # mpiexec has its own session, so pass the interrupt on; it stops the ranks. Keep
+            # reading until it has, so their last words (and the summary) still appear. A
+            # second Ctrl-C kills the whole job.
+            _signal_job(proc, signal.SIGKILL if interrupted else signal.SIGINT)
             interrupted = True
     try:
         returncode = proc.wait()
     except KeyboardInterrupt:
-        proc.kill()
+        _signal_job(proc, signal.SIGKILL)
         returncode = proc.wait()
         interrupted = True
     return JobResult(
@@ -163,4 +190,13 @@ def run_job(
         launcher_text="\n".join(pump.launcher),
         stderr_by_rank=pump.stderr_by_rank,
         interrupted=interrupted,
+        stopped_after_failure=stopped_at is not None,
     )
+
+
+def _signal_job(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal mpiexec and everything in its session (it leads its own process group)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

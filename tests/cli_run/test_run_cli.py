@@ -252,3 +252,26 @@ def test_a_failed_job_never_exits_zero(tmp_path: Path, stderr_lines: list[str]) 
     fake.chmod(0o755)
     result = invoke("-n", "2", "--mpiexec", str(fake), str(SCRIPT), "ok")
     assert result.exit_code == 1, result.stderr
+
+
+def test_a_job_that_outlives_a_failed_rank_is_stopped(tmp_path: Path) -> None:
+    """A rank announced its death but mpiexec (and a daemon it started) never end the job:
+    ``mnify run`` stops the whole session after --abort-timeout instead of hanging."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text(
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'mpiexec (Open MPI) 5.0.0'; exit 0; fi\n"
+        "sleep 300 &\n"  # a launch daemon that keeps the output pipes open
+        "echo '[1,1]<stderr>: [mnify] rank 1 (host mnb) failed:' >&2\n"
+        f"echo '[1,1]<stderr>: {TRACEBACK}' >&2\n"
+        "echo '[1,1]<stderr>: RuntimeError: boom' >&2\n"
+        "sleep 300\n",
+        encoding="utf-8",
+    )
+    fake.chmod(0o755)
+    cmd = [str(MNIFY), "run", "-n", "2", "--abort-timeout", "1", "--mpiexec", str(fake)]
+    done = subprocess.run(
+        [*cmd, str(SCRIPT), "ok"], capture_output=True, text=True, timeout=60, env=_env()
+    )
+    assert done.returncode != 0, done.stderr
+    assert "rank 1 failed 1 s ago and mpiexec has not ended the job; stopping it" in done.stderr
+    assert done.stderr.count("RuntimeError: boom") == 1, done.stderr

@@ -118,6 +118,9 @@ def test_mnify_run_collapses_one_error_across_hosts(bed3: TestBed) -> None:
         str(bed3.hostfile([2, 2])),
         "--mpi-arg",
         " ".join(bed3.mpiexec_args()),
+        # a loaded CI machine: give every failing rank time to print before the first abort
+        "-x",
+        "MNIFY_ABORT_GRACE=3",
         str(script),
     ]
     run = bed3.start([2, 2], [], command=command).wait(timeout=60)
