@@ -2,7 +2,7 @@
 
 Every rank sees the same batch and holds a slice of each convolution's channels:
 ``L.Convolution2D(in, out, ...)`` becomes ``mn.links.ParallelConvolution2D(comm, in, out, ...)``
-where ``in >= comm.size`` (decided at run time: ``ParallelConvolution2D(...) if in >= comm.size
+where ``out >= comm.size`` (decided at run time: ``ParallelConvolution2D(...) if out >= comm.size
 else L.Convolution2D(...)``, since the number of ranks is only known then); a layer whose input
 channels are inferred lazily or fixed at 1 is left alone. Iterators are wrapped in
 ``mn.create_multi_node_iterator(it, comm)`` (rank 0 reads, every rank gets the batch); datasets
@@ -32,6 +32,14 @@ def _in_channels(call: cst.Call) -> cst.BaseExpression | None:
     return None
 
 
+def _out_channels(call: cst.Call) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "out_channels":
+            return arg.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[1].value if len(positional) >= 2 else None
+
+
 def plan(ctx: FileContext) -> None:
     if ctx.options.data_parallel:
         return
@@ -55,12 +63,22 @@ def plan(ctx: FileContext) -> None:
                 f"not split: input channels are inferred lazily, unknown before the first batch ({label})",
             )
             continue
-        if isinstance(channels, cst.Integer) and int(channels.value) < 2:
+        out_channels = _out_channels(call.node)
+        if out_channels is None:
             ctx.note(
                 call.node,
                 "model-parallel",
                 "info",
-                f"not split: {channels.value} input channel cannot be divided among ranks ({label})",
+                f"not split: its output channel count is not given where it is built ({label})",
+            )
+            continue
+        if isinstance(out_channels, cst.Integer) and int(out_channels.value) < 2:
+            ctx.note(
+                call.node,
+                "model-parallel",
+                "info",
+                f"not split: {out_channels.value} output channel cannot be divided among ranks "
+                f"({label})",
             )
             continue
         if ctx.options.target == "chainermn":
@@ -82,9 +100,11 @@ def plan(ctx: FileContext) -> None:
             continue
         ctx.use_runtime()
         pconv = ctx.spell.links("ParallelConvolution2D")
-        cond = ctx.code(channels)
+        # Output channels are what is divided: with fewer of them than ranks, some ranks would
+        # hold nothing and only wait (DESIGN.md said in_channels; the split is over outputs).
+        cond = ctx.code(out_channels)
         if not isinstance(
-            channels, (cst.Name, cst.Attribute, cst.Integer, cst.BinaryOperation, cst.Call)
+            out_channels, (cst.Name, cst.Attribute, cst.Integer, cst.BinaryOperation, cst.Call)
         ):
             cond = f"({cond})"  # binds looser than >=
 
@@ -136,27 +156,17 @@ def _laid_out(
 
 
 def _check_replicas(ctx: FileContext) -> None:
-    """Layers that are not split are replicated: every rank must initialise them equally."""
-    seeded = any(names.last(c.qname) == "seed" and "random" in c.qname for c in ctx.facts.calls)
+    """Layers that are not split are replicated; the communicator rewrite hands rank 0's random
+    state to every rank right after creating the communicator, so they start equal."""
     if ctx.entry is None or not ctx.comm_needed:
         return
-    if seeded:
-        ctx.note(
-            None,
-            "model-parallel",
-            "info",
-            "replicated (unsplit) layers start equal on every rank because the script seeds "
-            "its random generator; keep the seed fixed",
-        )
-    else:
-        ctx.note(
-            None,
-            "model-parallel",
-            "needs-person",
-            "layers that are not split are replicated on every rank and must start equal: "
-            "seed numpy's generator identically on all ranks (np.random.seed) before building "
-            "the model",
-        )
+    ctx.note(
+        None,
+        "model-parallel",
+        "info",
+        "replicated (unsplit) layers and the slices of split ones start equal on every rank: "
+        "rank 0's numpy random state is given to all ranks after the communicator is created",
+    )
 
 
 def _plan_iterators(ctx: FileContext) -> None:

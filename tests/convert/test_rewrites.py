@@ -272,9 +272,14 @@ def test_model_parallel_report_says_why_each_conv_was_or_was_not_split() -> None
     notes = [e.message for e in result.entries if e.step == "model-parallel"]
     convs = [m for m in notes if "Convolution2D(" in m]
     assert len(convs) == 4
-    assert sum(m.startswith("split over ranks when") for m in convs) == 2
-    assert any("1 input channel cannot be divided" in m for m in convs)
+    # conv1..conv3 split by their output channels (conv1's single input channel is no obstacle)
+    assert sum(m.startswith("split over ranks when") for m in convs) == 3
     assert any("inferred lazily" in m for m in convs)
+    one_out = source.replace("L.Convolution2D(1, ch, 3, 1, 1)", "L.Convolution2D(1, 1, 3, 1, 1)")
+    assert one_out != source
+    result = convert_source(one_out, "cnn.py", ConvertOptions(model_parallel="channel"))
+    notes = [e.message for e in result.entries if e.step == "model-parallel"]
+    assert any("1 output channel cannot be divided" in m for m in notes)
     assert any("left unwrapped" in m for m in notes)  # the optimizer
     assert "scatter_dataset" not in (result.output or "")
 
@@ -286,7 +291,7 @@ def test_model_parallel_with_chainermn_target_leaves_convs_for_a_person() -> Non
     )
     assert "ParallelConvolution2D" not in (result.output or "")
     assert "chainermn.iterators.create_multi_node_iterator(" in (result.output or "")
-    assert sum("ChainerMN has no ParallelConvolution2D" in m for m in people(result)) == 2
+    assert sum("ChainerMN has no ParallelConvolution2D" in m for m in people(result)) == 3
 
 
 def test_subclass_of_a_threaded_model_takes_and_passes_comm() -> None:
