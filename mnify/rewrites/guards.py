@@ -19,6 +19,8 @@ from mnify.rewrites.edits import Guard
 from mnify.rewrites.facts import CallFact
 
 RANK0 = Guard("rank0")
+# writers whose file holds model parameters: incomplete under model parallel on rank 0 alone
+_MODEL_SAVERS = frozenset({"snapshot", "snapshot_object", "save_npz", "save_hdf5"})
 
 
 def _writer_name(ctx: FileContext, call: CallFact) -> str | None:
@@ -113,3 +115,12 @@ def plan(ctx: FileContext) -> None:
             continue
         ctx.plan.guard_stmt(target, RANK0)
         ctx.note(target, "rank0-guard", "changed", f"{what} on rank 0 only")
+        if not ctx.options.data_parallel and what in _MODEL_SAVERS:
+            ctx.note(
+                target,
+                "rank0-guard",
+                "needs-person",
+                f"model parallel: rank 0's {what} holds only rank 0's slices of the split layers; "
+                "have every rank save its own file (a per-rank name, e.g. with comm.rank in it) "
+                "or use mn.create_multi_node_checkpointer",
+            )

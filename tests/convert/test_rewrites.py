@@ -407,3 +407,17 @@ def test_unconverted_sibling_calling_a_changed_class_is_reported(tmp_path: Path)
     )
     (result,) = convert_sources({str(tmp_path / "net.py"): net})
     assert any("generate.py (not converted) calls Generator" in m for m in people(result))
+
+
+def test_model_parallel_snapshots_need_a_person() -> None:
+    """Rank 0's snapshot holds only its slices of split layers: the report says so."""
+    source = (FIXTURES / "model_parallel_cnn.in.py").read_text(encoding="utf-8")
+    anchor = "    trainer.run()\n"
+    assert anchor in source
+    with_snapshot = source.replace(
+        anchor, "    trainer.extend(extensions.snapshot())\n" + anchor, 1
+    )
+    result = convert_source(with_snapshot, "cnn.py", ConvertOptions(model_parallel="channel"))
+    assert any("holds only rank 0's slices" in m for m in people(result))
+    plain = convert_source(with_snapshot, "cnn.py", ConvertOptions())
+    assert not any("holds only rank 0's slices" in m for m in people(plain))
