@@ -689,13 +689,16 @@ class CommunicatorBase:
         self._enter(CallSignature("split"))
         sub = cast(MPI.Intracomm, self.mpi_comm.Split(color, key))
         try:
-            return type(self)(
-                sub,
-                allreduce_grad_dtype=self.allreduce_grad_dtype,
-                bucket_bytes=self.bucket_bytes,
-            )
+            return type(self)(sub, **self._split_settings())
         finally:
             sub.Free()
+
+    def _split_settings(self) -> dict[str, Any]:
+        """Constructor settings a communicator made by :meth:`split` inherits from this one."""
+        return {
+            "allreduce_grad_dtype": self.allreduce_grad_dtype,
+            "bucket_bytes": self.bucket_bytes,
+        }
 
     def _free_comms(self) -> None:
         """Free the MPI communicators this instance owns (subclasses add theirs)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -494,20 +494,13 @@ class PureNcclCommunicator(CommunicatorBase):
 
     # -- the rest -----------------------------------------------------------------------------------
 
-    def split(self, color: int, key: int) -> PureNcclCommunicator:
-        """A pure_nccl communicator over the ranks with the same ``color`` (ordered by ``key``),
-        on the same GPU as this one (its own NCCL communicator, created lazily)."""
-        self._enter(CallSignature("split"))
-        sub = cast(MPI.Intracomm, self.mpi_comm.Split(color, key))
-        try:
-            return type(self)(
-                sub,
-                allreduce_grad_dtype=self.allreduce_grad_dtype,
-                bucket_bytes=self._device_bucket_bytes,
-                device=self.device_id,
-            )
-        finally:
-            sub.Free()
+    def _split_settings(self) -> dict[str, Any]:
+        """A split keeps this GPU; it gets its own NCCL communicator, created lazily."""
+        return {
+            "allreduce_grad_dtype": self.allreduce_grad_dtype,
+            "bucket_bytes": self._device_bucket_bytes,
+            "device": self.device_id,
+        }
 
     def finalize(self) -> None:
         """Release the NCCL communicator and the device buffers, then the MPI side."""
