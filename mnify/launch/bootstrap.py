@@ -47,13 +47,9 @@ def _world_size() -> int:
 
 
 def _abort(code: int) -> None:
-    from mpi4py import MPI
+    from mnify.runtime.abort import abort_job
 
-    if not MPI.Is_initialized() or MPI.Is_finalized():
-        os._exit(code)
-    if MPI.COMM_WORLD.Get_size() > 1:
-        MPI.COMM_WORLD.Abort(code)
-    os._exit(code)
+    abort_job(code)
 
 
 def _user_traceback(exc: BaseException) -> str:

@@ -3,7 +3,8 @@
 Without this, a rank that dies leaves every other rank blocked in its next collective forever.
 :func:`install` (called by ``create_communicator``) sets a ``sys.excepthook`` that prints
 ``[mnify] rank R (host H) failed:`` and the traceback to stderr, flushes, and calls
-``MPI.COMM_WORLD.Abort(1)``, which makes ``mpiexec`` kill every rank and exit non-zero.
+``MPI.COMM_WORLD.Abort(1)`` (through :func:`mnify.runtime.abort.abort_job`, which also ends this
+process should the abort hang), which makes ``mpiexec`` kill every rank and exit non-zero.
 ``mnify run`` recognises that first line.
 """
 
@@ -15,6 +16,7 @@ from types import TracebackType
 
 from mpi4py import MPI
 
+from mnify.runtime.abort import abort_job
 from mnify.runtime.communicators.topology import host_name
 
 _previous_hook = sys.excepthook
@@ -43,7 +45,7 @@ def _abort_on_exception(
         code = 1
     sys.stdout.flush()
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-        MPI.COMM_WORLD.Abort(code)
+        abort_job(code)
 
 
 def install() -> None:
