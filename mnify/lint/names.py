@@ -81,6 +81,7 @@ ITERATOR_CLASSES = MULTIPROCESS_ITERATOR | frozenset(
 )
 
 # Extensions that write files or print: they belong on one rank (DESIGN §1, "rank-0 guards").
+# The converter guards exactly these (mnify.rewrites.chainer_names), so lint and convert agree.
 REPORTING_EXTENSION_NAMES = frozenset(
     {
         "LogReport",
@@ -88,6 +89,7 @@ REPORTING_EXTENSION_NAMES = frozenset(
         "ProgressBar",
         "PlotReport",
         "snapshot",
+        "Snapshot",
         "snapshot_object",
         "DumpGraph",
         "dump_graph",

@@ -8,6 +8,8 @@ exposes classes under their defining module (``chainer.links.normalization.batch
 
 from __future__ import annotations
 
+from mnify.lint.names import REPORTING_EXTENSION_NAMES
+
 
 def last(qname: str) -> str:
     return qname.rsplit(".", 1)[-1]
@@ -49,19 +51,9 @@ def is_extension(qname: str, *names: str) -> bool:
     return under(qname, "chainer.training.extensions") and last(qname) in names
 
 
-# Extensions that write files or the terminal: rank 0 only (DESIGN.md section 1, rank-0 guards).
-WRITER_EXTENSIONS = (
-    "LogReport",
-    "PrintReport",
-    "ProgressBar",
-    "PlotReport",
-    "snapshot",
-    "snapshot_object",
-    "Snapshot",
-    "dump_graph",
-    "DumpGraph",
-    "VariableStatisticsPlot",
-)
+# Extensions that write files or the terminal: rank 0 only (DESIGN.md section 1, rank-0 guards);
+# one list with lint's MN401, so what lint flags is what convert guards.
+WRITER_EXTENSIONS = tuple(sorted(REPORTING_EXTENSION_NAMES))
 
 
 def is_trainer(qname: str) -> bool:

@@ -12,7 +12,7 @@ from mnify.lint.rule import AppliesTo, Rule
 class UnguardedReportingExtension(Rule):
     """Fires, in a distributed script, on ``X.extend(E, ...)`` where ``E`` is a call of (or a
     variable assigned from) ``LogReport``, ``PrintReport``, ``ProgressBar``, ``PlotReport``,
-    ``snapshot``, ``snapshot_object``, ``DumpGraph``/``dump_graph`` or
+    ``snapshot``/``Snapshot``, ``snapshot_object``, ``DumpGraph``/``dump_graph`` or
     ``VariableStatisticsPlot`` from ``chainer.training.extensions``, and the call runs on every
     rank: not inside a rank-conditional ``if`` and not after a rank-conditional early exit."""
 
