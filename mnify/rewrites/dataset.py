@@ -157,7 +157,7 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
     else_names = tuple(d for d in _in_order(sorted(bound & wanted), body, defs))
     for i, stmt in enumerate(region):
         guard = Guard(key, else_names if i == len(region) - 1 else ())
-        ctx.plan.guard.pop(id(stmt), None)
+        ctx.plan.unguard(stmt)
         ctx.plan.guard_stmt(stmt, guard)
     ctx.plan.insert_after(body[end], scatters)
     ctx.note(body[start], "dataset", "changed", f"rank 0 loads {label}; the others get None")

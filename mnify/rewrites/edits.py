@@ -42,7 +42,8 @@ class Guard:
 
 @dataclass
 class EditPlan:
-    """Edits keyed by ``id()`` of original nodes (the nodes are kept alive in ``_keep``)."""
+    """Edits keyed by ``id()`` of *original* nodes; ``nodes`` keeps each keyed node alive, so an
+    id can never be reused by another node while the plan exists."""
 
     comm: str = "comm"
     replace: dict[int, list[NodeFn]] = field(default_factory=dict)
@@ -51,45 +52,79 @@ class EditPlan:
     guard: dict[int, Guard] = field(default_factory=dict)
     # statements holding an edit (None: somewhere unknown, so nothing may be skipped)
     dirty: list[cst.BaseStatement | None] = field(default_factory=list)
-    _keep: list[cst.CSTNode] = field(default_factory=list)
+    # the original node behind every key above, and the statement holding each replacement
+    nodes: dict[int, cst.CSTNode] = field(default_factory=dict)
+    replaced_within: dict[int, cst.BaseStatement | None] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.replace or self.before or self.after or self.guard)
 
+    def _own(self, node: cst.CSTNode) -> int:
+        self.nodes[id(node)] = node
+        return id(node)
+
     def replace_node(self, node: cst.CSTNode, fn: NodeFn, within: cst.BaseStatement | None) -> None:
         """Replace ``node`` (inside statement ``within``) by ``fn(updated node)``."""
-        self._keep.append(node)
+        key = self._own(node)
         self.dirty.append(within)
-        self.replace.setdefault(id(node), []).append(fn)
+        self.replaced_within[key] = within
+        self.replace.setdefault(key, []).append(fn)
 
     def insert_before(
         self, stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement], *, first: bool = False
     ) -> None:
-        self._keep.append(stmt)
+        key = self._own(stmt)
         self.dirty.append(stmt)
-        current = self.before.setdefault(id(stmt), [])
+        current = self.before.setdefault(key, [])
         current[:] = [*new, *current] if first else [*current, *new]
 
     def insert_after(
         self, stmt: cst.BaseStatement, new: Sequence[cst.BaseStatement], *, first: bool = False
     ) -> None:
         """Insert after ``stmt``; ``first`` puts ``new`` ahead of earlier insertions (imports)."""
-        self._keep.append(stmt)
+        key = self._own(stmt)
         self.dirty.append(stmt)
-        current = self.after.setdefault(id(stmt), [])
+        current = self.after.setdefault(key, [])
         current[:] = [*new, *current] if first else [*current, *new]
 
     def guard_stmt(self, stmt: cst.BaseStatement, guard: Guard) -> bool:
         """Guard ``stmt`` unless another rewrite already did; returns whether it was added."""
         if id(stmt) in self.guard:
             return False
-        self._keep.append(stmt)
+        key = self._own(stmt)
         self.dirty.append(stmt)
-        self.guard[id(stmt)] = guard
+        self.guard[key] = guard
         return True
+
+    def unguard(self, stmt: cst.BaseStatement) -> None:
+        """Drop a guard planned earlier (another rewrite decides the statement's guard)."""
+        self.guard.pop(id(stmt), None)
 
     def is_guarded(self, stmt: cst.BaseStatement) -> bool:
         return id(stmt) in self.guard
+
+    def guard_runs(self, body: Sequence[cst.BaseStatement]) -> list[list[int]]:
+        """Which guarded statements of one original block share an ``if``: runs of neighbours
+        (indices into ``body``) with the same guard key, nothing inserted between them, and no
+        ``else`` before the last. Decided from the original siblings alone."""
+        runs: list[list[int]] = []
+        for i, stmt in enumerate(body):
+            guard = self.guard.get(id(stmt))
+            if guard is None:
+                continue
+            if runs and runs[-1][-1] == i - 1:
+                prev = body[i - 1]
+                prev_guard = self.guard[id(prev)]
+                if (
+                    prev_guard.key == guard.key
+                    and not prev_guard.else_names
+                    and not self.after.get(id(prev))
+                    and not self.before.get(id(stmt))
+                ):
+                    runs[-1].append(i)
+                    continue
+            runs.append([i])
+        return runs
 
 
 def _leading(stmt: cst.BaseStatement) -> Sequence[cst.EmptyLine]:
@@ -101,8 +136,18 @@ def rank0_test(comm: str) -> cst.BaseExpression:
     return expression(f"{comm}.rank == 0")
 
 
+def guard_else(names: Sequence[str]) -> cst.BaseStatement:
+    """``a, b = None, None``: what the ranks that skip a loading guard bind instead."""
+    return statement(f"{', '.join(names)} = {', '.join('None' for _ in names)}\n")
+
+
 class ApplyEdits(cst.CSTTransformer):
     """Applies an :class:`EditPlan` in one pass.
+
+    Statements only get their expression replacements; insertions and guards are made where a
+    block is left, from the *original* block's statements (zipped with the updated ones, which
+    correspond one to one because no statement is ever removed or split on the way up). So the
+    applier never has to recognise a node it built itself.
 
     ``parent_of`` maps a statement to the statement enclosing it; with it the pass skips every
     statement that holds no edit (a transformer otherwise rebuilds the whole tree).
@@ -115,7 +160,6 @@ class ApplyEdits(cst.CSTTransformer):
     ) -> None:
         super().__init__()
         self.plan = plan
-        self._made: dict[int, Guard] = {}
         self._open: set[int] | None = None
         if parent_of is not None and None not in plan.dirty:
             self._open = set()
@@ -143,79 +187,61 @@ class ApplyEdits(cst.CSTTransformer):
         self, original_node: cst.CSTNode, updated_node: cst.CSTNode
     ) -> cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNode]:
         node = super().on_leave(original_node, updated_node)
-        key = id(original_node)
-        for fn in self.plan.replace.get(key, ()):
+        for fn in self.plan.replace.get(id(original_node), ()):
             assert isinstance(node, cst.CSTNode)
             node = fn(node)
-        if not isinstance(original_node, cst.BaseStatement):
-            return node
-        guard = self.plan.guard.get(key)
-        before = self.plan.before.get(key, [])
-        after = self.plan.after.get(key, [])
-        if guard is None and not before and not after:
-            return node
-        assert isinstance(node, cst.BaseStatement)
-        if guard is not None:
-            node = self._guarded(node, guard)
-        if before and not guard:
-            # Comments above the original statement stay above the block inserted before it.
-            lead = _leading(node)
-            node = node.with_changes(leading_lines=())
-            before = [before[0].with_changes(leading_lines=lead), *before[1:]]
-        return cst.FlattenSentinel([*before, node, *after])
+        return node
 
-    def _guarded(self, stmt: cst.BaseStatement, guard: Guard) -> cst.If:
-        orelse = None
-        if guard.else_names:
-            names = ", ".join(guard.else_names)
-            nones = ", ".join("None" for _ in guard.else_names)
-            orelse = cst.Else(body=cst.IndentedBlock([statement(f"{names} = {nones}\n")]))
-        made = cst.If(
-            test=rank0_test(self.plan.comm),
-            body=cst.IndentedBlock([stmt.with_changes(leading_lines=())]),
-            orelse=orelse,
-            leading_lines=_leading(stmt),
-        )
-        self._made[id(made)] = guard
-        return made
-
-    def _merge(self, body: tuple[cst.BaseStatement, ...]) -> list[cst.BaseStatement]:
+    def _block(
+        self, original: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
+    ) -> list[cst.BaseStatement]:
+        """The new statement list of one block: insertions, and guards by planned runs."""
+        plan = self.plan
+        if len(original) != len(updated) or not any(
+            id(s) in plan.before or id(s) in plan.after or id(s) in plan.guard for s in original
+        ):
+            return list(updated)
+        run_of = {run[0]: run for run in plan.guard_runs(original)}
         out: list[cst.BaseStatement] = []
-        for stmt in body:
-            prev = out[-1] if out else None
-            g_prev = self._made.get(id(prev)) if prev is not None else None
-            g_this = self._made.get(id(stmt))
-            if (
-                prev is not None
-                and g_prev is not None
-                and g_this is not None
-                and g_prev.key == g_this.key
-                and isinstance(prev, cst.If)
-                and isinstance(stmt, cst.If)
-                and prev.orelse is None
-            ):
-                assert isinstance(prev.body, cst.IndentedBlock)
-                assert isinstance(stmt.body, cst.IndentedBlock)
-                inner = list(stmt.body.body)
-                inner[0] = inner[0].with_changes(leading_lines=stmt.leading_lines)
-                merged = prev.with_changes(
-                    body=prev.body.with_changes(body=[*prev.body.body, *inner]),
-                    orelse=stmt.orelse,
-                )
-                self._made[id(merged)] = g_prev
-                out[-1] = merged
+        i = 0
+        while i < len(original):
+            run = run_of.get(i, [i])
+            first, last = original[run[0]], original[run[-1]]
+            before = plan.before.get(id(first), [])
+            after = plan.after.get(id(last), [])
+            guard = plan.guard.get(id(first))
+            if guard is None:
+                node = updated[i]
+                if before:
+                    # Comments above the original statement stay above what is inserted before it.
+                    lead = _leading(node)
+                    node = node.with_changes(leading_lines=())
+                    before = [before[0].with_changes(leading_lines=lead), *before[1:]]
+                out.extend([*before, node, *after])
             else:
-                out.append(stmt)
+                inner = [updated[j] for j in run]
+                lead = _leading(inner[0])
+                inner[0] = inner[0].with_changes(leading_lines=())
+                last_guard = plan.guard[id(last)]
+                orelse = None
+                if last_guard.else_names:
+                    body = cst.IndentedBlock([guard_else(last_guard.else_names)])
+                    orelse = cst.Else(body=body)
+                made = cst.If(
+                    test=rank0_test(plan.comm),
+                    body=cst.IndentedBlock(inner),
+                    orelse=orelse,
+                    leading_lines=lead,
+                )
+                out.extend([*before, made, *after])
+            i = run[-1] + 1
         return out
 
     def leave_IndentedBlock(
         self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
     ) -> cst.IndentedBlock:
-        if not self._made:
-            return updated_node
-        return updated_node.with_changes(body=self._merge(tuple(updated_node.body)))
+        body = self._block(original_node.body, updated_node.body)
+        return updated_node.with_changes(body=body)
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        if not self._made:
-            return updated_node
-        return updated_node.with_changes(body=self._merge(tuple(updated_node.body)))
+        return updated_node.with_changes(body=self._block(original_node.body, updated_node.body))
