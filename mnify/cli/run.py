@@ -20,7 +20,7 @@ from typing import NoReturn
 import click
 
 from mnify.launch.command import LaunchSpec, build_command
-from mnify.launch.failures import render_summary, summarize
+from mnify.launch.failures import summarize
 from mnify.launch.hosts import (
     HostSlots,
     HostSpecError,
@@ -30,6 +30,7 @@ from mnify.launch.hosts import (
 )
 from mnify.launch.mpiexec import ENV_MPIEXEC, MpiExecNotFound, describe_mpiexec, find_mpiexec
 from mnify.launch.runner import run_job
+from mnify.launch.verdict import render_summary
 
 
 def _fail(message: str) -> NoReturn:

@@ -8,5 +8,8 @@
   argv and environment (root, oversubscription, forwarded variables);
 - :mod:`~mnify.launch.ranklines` strips the per-rank tags mpiexec puts on output lines;
 - :mod:`~mnify.launch.runner` runs the job, streams rank output and keeps tracebacks aside;
-- :mod:`~mnify.launch.failures` collapses identical tracebacks and says what kind of failure it is.
+- :mod:`~mnify.launch.rank_reports` cuts the ranks' tracebacks out of their output;
+- :mod:`~mnify.launch.launcher_messages` reads mpiexec's reports of how ranks ended;
+- :mod:`~mnify.launch.failures` groups identical tracebacks and says what kind of failure it is;
+- :mod:`~mnify.launch.verdict` prints the summary.
 """

@@ -4,7 +4,7 @@ Open MPI frames its reports between lines of dashes, MPICH between lines of ``=`
 that only say how the job ended (a rank called ``MPI_Abort``, was killed by a signal, exited
 non-zero) repeat what the failure summary states in one line, so :class:`BannerFilter` drops
 them, and MPICH's one-line ``Abort(1) on node ...`` too, from the live output; the text still
-reaches :func:`~mnify.launch.failures.parse_launcher_messages`. Every other box, such as the
+reaches :func:`~mnify.launch.launcher_messages.parse_launcher_messages`. Every other box, such as the
 warning about ``fork()``, is passed through whole.
 """
 

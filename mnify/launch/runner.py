@@ -2,7 +2,7 @@
 
 Two reader threads turn mpiexec's stdout and stderr into lines on one queue; the calling thread
 writes them out (without mpiexec's rank tags unless asked) and feeds each rank's stderr to a
-:class:`~mnify.launch.failures.TracebackCollector`, which holds tracebacks back so a failed job
+:class:`~mnify.launch.rank_reports.TracebackCollector`, which holds tracebacks back so a failed job
 can show each distinct one once. A held traceback that stops growing while the job still runs is
 printed raw after ``hold_seconds`` so a rank that hangs after a handled error is not hidden.
 """
@@ -21,8 +21,8 @@ from typing import IO, TextIO
 
 from mnify.launch.banners import BannerFilter
 from mnify.launch.command import LaunchCommand
-from mnify.launch.failures import RankTraceback, TracebackCollector
 from mnify.launch.mpiexec import Flavor
+from mnify.launch.rank_reports import RankTraceback, TracebackCollector
 from mnify.launch.ranklines import RankLine, parse_line
 
 _EOF = object()

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from mnify.launch.failures import (
-    FailureKind,
-    RankTraceback,
-    TracebackCollector,
-    group_tracebacks,
-    parse_launcher_messages,
-    render_summary,
-    summarize,
-)
+from mnify.launch.failures import FailureKind, group_tracebacks, summarize
+from mnify.launch.launcher_messages import parse_launcher_messages
+from mnify.launch.rank_reports import RankTraceback, TracebackCollector
 from mnify.launch.ranklines import parse_line
+from mnify.launch.verdict import render_summary
 from mnify.runtime.errors import CollectiveTimeout
 
 PLAIN = [

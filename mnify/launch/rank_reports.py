@@ -1,0 +1,214 @@
+"""Cutting the ranks' reports (tracebacks) out of their stderr while the job runs.
+
+:class:`TracebackCollector` recognises plain Python tracebacks and the runtime's
+``[mnify] rank R (host H) failed:`` reports, holds them back from the live output so the end of
+the job can show each distinct one once, and hands back a block that stops growing while the job
+goes on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+TRACEBACK_START = "Traceback (most recent call last):"
+_MNIFY_HEADER = re.compile(r"^\[mnify\] rank (?P<rank>\d+) \(host (?P<host>[^)]*)\) failed:\s*$")
+_CHAIN_LINES = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+# Lines that end a traceback block: Open MPI's banners around its abort and fork messages,
+# MPICH's one-line abort report.
+_BLOCK_BREAK = re.compile(r"^-{20,}\s*$|^MPI_ABORT was invoked|^Abort\(\d+\) on node \d+")
+COLLECTIVE_TIMEOUT = re.compile(
+    r"collective (?P<kind>\S+) #(?P<seq>\d+) timed out after (?P<timeout>[\d.eE+-]+) s "
+    r"on rank (?P<rank>\d+): rank\(s\) (?P<missing>\S+) never arrived"
+)
+# Frames of a launcher (python -m mpi4py SCRIPT, mnify's bootstrap), dropped from tracebacks.
+_LAUNCHER_FILES = re.compile(
+    r'^  File "(?:<frozen runpy>|.*[/\\]runpy\.py|.*[/\\]mpi4py[/\\](?:run|__main__)\.py'
+    r'|.*[/\\]mnify[/\\]launch[/\\]bootstrap\.py)"'
+)
+
+
+@dataclass
+class RankTraceback:
+    """A traceback one rank printed (lines without the rank tag or the ``[mnify]`` header)."""
+
+    rank: int
+    lines: list[str]
+    host: str | None = None
+    shown: bool = False  # already printed raw while the job ran
+    fatal: bool = False  # announced by the ``[mnify] rank R failed:`` header: the rank died of it
+    seen_at: float = 0.0  # when its first line arrived (the collector's clock)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(strip_launcher_frames(self.lines)).rstrip()
+
+    @property
+    def exception_line(self) -> str:
+        """The last ``Type: message`` line (the one people search for)."""
+        for line in reversed(strip_launcher_frames(self.lines)):
+            if line and not line.startswith(" ") and line not in _CHAIN_LINES:
+                return line
+        return ""
+
+    @property
+    def timeout(self) -> re.Match[str] | None:
+        return COLLECTIVE_TIMEOUT.search(self.text)
+
+
+def strip_launcher_frames(lines: Sequence[str]) -> list[str]:
+    """Drop the frames of ``runpy`` and mpi4py's runner that ``python -m mpi4py`` adds."""
+    out: list[str] = []
+    dropping = False
+    for line in lines:
+        if line.startswith('  File "'):
+            dropping = bool(_LAUNCHER_FILES.match(line))
+            if dropping:
+                continue
+        elif dropping and line.startswith("    "):
+            continue  # source line or carets of a dropped frame
+        else:
+            dropping = False
+        out.append(line)
+    return out
+
+
+class _State(Enum):
+    OUTSIDE = 0
+    FRAMES = 1  # after "Traceback ...": frames until the exception line
+    MESSAGE = 2  # after the exception line: message continuation, notes, chained tracebacks
+    BLANK = 3  # a blank line after the message: either a chain follows or the block is over
+    CHAIN = 4  # after "During handling ..." / "The above exception ...": the next traceback
+
+
+@dataclass
+class _RankState:
+    state: _State = _State.OUTSIDE
+    block: RankTraceback | None = None
+    last_line_at: float = 0.0
+    host: str | None = None
+    fatal: bool = False  # opened by the ``[mnify] ... failed:`` header: the rank is dying
+
+
+class TracebackCollector:
+    """Cuts tracebacks out of per-rank stderr as lines arrive.
+
+    After the ``[mnify] rank R (host H) failed:`` header every line up to an Open MPI banner
+    belongs to the report (the rank is about to abort). A bare ``Traceback`` (a handled error, or
+    a script run without the runtime) ends at its exception line plus continuation lines up to a
+    blank line, unless a chained traceback follows.
+
+    :meth:`feed` returns the lines to show now; traceback lines are held back so the end of the
+    job can show each distinct traceback once. A block that stops growing while the job goes on
+    (a handled exception, a rank that hangs after printing) is handed back by :meth:`stale`.
+    """
+
+    def __init__(self) -> None:
+        self._ranks: dict[int, _RankState] = {}
+        self.tracebacks: list[RankTraceback] = []
+
+    def feed(self, rank: int, text: str, now: float = 0.0) -> list[str]:
+        st = self._ranks.setdefault(rank, _RankState())
+        st.last_line_at = now
+        header = _MNIFY_HEADER.match(text)
+        if header:
+            self._close(st)
+            st.host = header.group("host")
+            st.block = self._open(rank, st.host, now)
+            st.block.fatal = True
+            st.state = _State.FRAMES
+            st.fatal = True
+            return []
+        if st.fatal and st.block is not None:
+            # Everything a dying rank prints after its header is its report, blank lines and
+            # multi-line messages (Chainer's InvalidType: Expect/Actual) included.
+            if _BLOCK_BREAK.match(text):
+                self._close(st)
+                return [text]
+            st.block.lines.append(text)
+            return []
+        if text.startswith(TRACEBACK_START) and st.state in (_State.OUTSIDE, _State.MESSAGE):
+            self._close(st)  # a new traceback right after a message is a separate one
+            st.block = self._open(rank, st.host, now)
+            st.block.lines.append(text)
+            st.state = _State.FRAMES
+            return []
+        if st.state is _State.OUTSIDE or st.block is None:
+            return [text]
+        block = st.block
+        if st.state is _State.FRAMES:
+            if text.startswith(TRACEBACK_START):
+                block.lines.append(text)
+            elif _BLOCK_BREAK.match(text):
+                self._close(st)
+                return [text]
+            else:
+                block.lines.append(text)
+                if text and not text.startswith((" ", "\t")):
+                    st.state = _State.MESSAGE
+            return []
+        if st.state is _State.CHAIN:
+            block.lines.append(text)
+            if text.startswith(TRACEBACK_START):
+                st.state = _State.FRAMES
+            return []
+        if st.state is _State.BLANK:
+            if text in _CHAIN_LINES:
+                block.lines += ["", text]
+                st.state = _State.CHAIN
+                return []
+            if not text:
+                return []
+            self._close(st)
+            return ["", *self.feed(rank, text, now)]
+        # MESSAGE: continuation lines until a blank line or a banner
+        if not text:
+            st.state = _State.BLANK
+            return []
+        if _BLOCK_BREAK.match(text):
+            self._close(st)
+            return [text]
+        block.lines.append(text)
+        return []
+
+    def stale(self, now: float, hold_seconds: float) -> list[RankTraceback]:
+        """Blocks that got no line for ``hold_seconds``: closed and returned to be shown raw."""
+        out = []
+        for st in self._ranks.values():
+            # A dying rank's report is never stale: the summary at the end shows it.
+            if st.block is not None and not st.fatal and now - st.last_line_at >= hold_seconds:
+                block = st.block
+                self._close(st)
+                block.shown = True
+                out.append(block)
+        return out
+
+    def first_fatal(self) -> RankTraceback | None:
+        """The first report of a rank that announced its death, if any."""
+        return next((tb for tb in self.tracebacks if tb.fatal), None)
+
+    def finish(self) -> list[RankTraceback]:
+        """Close every open block; all tracebacks seen, in order of appearance."""
+        for st in self._ranks.values():
+            self._close(st)
+        return self.tracebacks
+
+    def _open(self, rank: int, host: str | None, now: float = 0.0) -> RankTraceback:
+        block = RankTraceback(rank=rank, lines=[], host=host, seen_at=now)
+        self.tracebacks.append(block)
+        return block
+
+    def _close(self, st: _RankState) -> None:
+        if st.block is not None:
+            while st.block.lines and not st.block.lines[-1].strip():
+                st.block.lines.pop()
+            if not st.block.lines:
+                self.tracebacks.remove(st.block)
+        st.block = None
+        st.state = _State.OUTSIDE
+        st.fatal = False
