@@ -33,7 +33,7 @@ def abort_grace() -> float:
 
 
 def _failure_header() -> str:
-    """The runtime's header (``mnify.runtime.failure``), built here without importing it."""
+    """The runtime's header (``mnify.runtime.excepthook``), built here without importing it."""
     from mpi4py import MPI
 
     host = os.environ.get("MNIFY_HOSTNAME") or MPI.Get_processor_name()

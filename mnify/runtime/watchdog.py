@@ -10,7 +10,7 @@ Who is missing: each rank counts the collectives it has entered (``entered``). A
 thread per watchdog answers "what is your counter?" on a private duplicate of the communicator.
 The rank that timed out asks every other rank, with a short deadline of its own; ranks whose
 counter is behind, or that do not answer, never arrived. The uncaught exception then ends the job
-(:mod:`mnify.runtime.failure`).
+(:mod:`mnify.runtime.excepthook`).
 """
 
 from __future__ import annotations

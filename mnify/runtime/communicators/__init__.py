@@ -11,7 +11,7 @@
   ranks span several hosts and some host runs several ranks, else ``flat`` (DESIGN.md said
   ``naive``; ``flat`` is the same contract and measured faster, see bench/allreduce.py).
 
-Creating any communicator installs :mod:`mnify.runtime.failure`'s exception hook, so one rank's
+Creating any communicator installs :mod:`mnify.runtime.excepthook`'s exception hook, so one rank's
 uncaught exception ends the whole job. Nothing here imports Chainer; CuPy only when asked for.
 """
 
@@ -74,9 +74,9 @@ def create_communicator(
     bucket_bytes: int | None = None,
 ) -> CommunicatorBase:
     """A communicator over ``mpi_comm`` (default ``COMM_WORLD``); collective over its ranks."""
-    from mnify.runtime import failure
+    from mnify.runtime import excepthook
 
-    failure.install()
+    excepthook.install()
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     if name == "auto":
         name = choose_auto(comm)

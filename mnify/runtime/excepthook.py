@@ -1,4 +1,4 @@
-"""One rank's uncaught exception ends the whole MPI job instead of hanging the others.
+"""The rank's exception hook: one uncaught exception ends the whole MPI job instead of hanging it.
 
 Without this, a rank that dies leaves every other rank blocked in its next collective forever.
 :func:`install` (called by ``create_communicator``) sets a ``sys.excepthook`` that prints
