@@ -126,6 +126,9 @@ class LintContext:
         self.rank_ifs: dict[int, bool] = {}
         self.loop_depth = 0
         self.call_index = 0
+        # functions of other files of the project that perform a collective:
+        # qualified name ("helpers.load_data") -> the collective ("scatter_dataset")
+        self.external_collectives: Mapping[str, str] = {}
         # node type -> handler; a dict lookup per node keeps the shared walk cheap
         self._on_enter: dict[type[cst.CSTNode], Callable[[Any], None]] = {
             cst.Call: self._enter_call,
@@ -326,6 +329,18 @@ class LintContext:
             return "create_communicator"
         if isinstance(func, cst.Name) and self.binding_kind(func) == "mn_evaluator":
             return "evaluator"
+        return None
+
+    def external_collective(self, call: cst.Call) -> str | None:
+        """``helper(...)`` of another file of the project that performs a collective: what it
+        performs, spelled for a message (``helpers.load_data() (which calls scatter_dataset)``)."""
+        if not self.external_collectives:
+            return None
+        for name in sorted(self.callee_names(call)):
+            bare = name.lstrip(".")
+            for qualified, what in self.external_collectives.items():
+                if bare == qualified or bare.endswith("." + qualified):
+                    return f"{qualified}() (which calls `{what}`)"
         return None
 
     def classify(self, value: cst.BaseExpression) -> str | None:

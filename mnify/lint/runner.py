@@ -5,7 +5,7 @@ every selected rule attached (TorchFix/Fixit style batching), then turn findings
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import libcst as cst
@@ -98,13 +98,20 @@ def lint_source(
     select: Sequence[str] | None = None,
     ignore: Sequence[str] | None = None,
     extend_select: Sequence[str] | None = None,
+    external_collectives: Mapping[str, str] | None = None,
 ) -> list[Diagnostic]:
     """Lint one file's text. Raises ``LintSyntaxError`` when it does not parse and
     ``SelectorError`` for an unknown selector."""
     # the module was parsed here and nobody else holds it: no need for the defensive deep copy
     wrapper = MetadataWrapper(parse(source, path), unsafe_skip_copy=True)
     return lint_wrapper(
-        wrapper, path, select=select, ignore=ignore, extend_select=extend_select, source=source
+        wrapper,
+        path,
+        select=select,
+        ignore=ignore,
+        extend_select=extend_select,
+        source=source,
+        external_collectives=external_collectives,
     )
 
 
@@ -116,15 +123,19 @@ def lint_wrapper(
     ignore: Sequence[str] | None = None,
     extend_select: Sequence[str] | None = None,
     source: str | None = None,
+    external_collectives: Mapping[str, str] | None = None,
 ) -> list[Diagnostic]:
     """Lint an already built ``MetadataWrapper`` (the converter shares its resolution: metadata
-    already resolved on ``wrapper`` is reused, not recomputed)."""
+    already resolved on ``wrapper`` is reused, not recomputed). ``external_collectives`` names
+    the functions of other files of the project that perform collectives (see
+    :func:`project_collectives`), so calling one under a rank check is found too."""
     rules = select_rules(select, ignore, extend_select)
     text = source if source is not None else wrapper.module.code
     suppressions = parse_suppressions(text)
     if suppressions.whole_file or not rules:
         return []
     ctx = LintContext(path, wrapper.resolve(QualifiedNameProvider))
+    ctx.external_collectives = external_collectives or {}
     active = [rule(ctx) for rule in rules]
     wrapper.module.visit(_Walker(ctx, active))
     findings: list[tuple[Rule, Finding]] = []
@@ -156,3 +167,32 @@ def lint_wrapper(
             )
         )
     return sorted(diagnostics)
+
+
+def project_collectives(files: Mapping[str, str]) -> dict[str, str]:
+    """Module-level functions of a project's files that perform a collective, directly or
+    through other functions of the project: ``{"helpers.load_data": "scatter_dataset"}``
+    (module named by its file's stem). Files that do not parse are left out."""
+    from mnify.lint.rules.collectives import CollectiveOnSomeRanks
+
+    modules: dict[str, MetadataWrapper] = {}
+    for path, source in files.items():
+        try:
+            modules[path] = MetadataWrapper(parse(source, path), unsafe_skip_copy=True)
+        except LintSyntaxError:
+            continue
+    found: dict[str, str] = {}
+    for _ in range(len(modules) + 1):  # each round can add a caller of last round's finds
+        grown: dict[str, str] = {}
+        for path, wrapper in modules.items():
+            ctx = LintContext(path, wrapper.resolve(QualifiedNameProvider))
+            ctx.external_collectives = found
+            rule = CollectiveOnSomeRanks(ctx)
+            wrapper.module.visit(_Walker(ctx, [rule]))
+            stem = path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+            for name, what in rule.module_functions_with_collectives().items():
+                grown[f"{stem}.{name}"] = what
+        if grown == found:
+            break
+        found = grown
+    return found

@@ -34,6 +34,7 @@ from mnify.rewrites.edits import ApplyEdits
 from mnify.rewrites.facts import FactCollector
 from mnify.rewrites.options import ConvertOptions
 from mnify.rewrites.report import ReportEntry
+from mnify.rewrites.verify import PlanRecords, VerificationError, check_output, kind_name
 
 
 @dataclass
@@ -65,8 +66,15 @@ class FileResult:
         )
 
 
-def parse_error(exc: Exception) -> str:
-    """``LINE:COL: reason`` for a libcst parser error (1-based column)."""
+def parse_error(exc: Exception, source: str, path: str) -> str:
+    """``LINE:COL: reason`` for a file that does not parse: where CPython's ``compile()`` says
+    (what the user sees when running it), else libcst's position (1-based column)."""
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as syntax:
+        return f"{syntax.lineno or 1}:{syntax.offset or 1}: {syntax.msg}"
+    except ValueError as bad:  # null bytes
+        return f"1:1: {bad}"
     if isinstance(exc, cst.ParserSyntaxError):
         reason = exc.message.strip().splitlines()[0] if exc.message else "invalid syntax"
         return f"{exc.raw_line}:{exc.raw_column + 1}: {reason}"
@@ -185,7 +193,7 @@ def convert_sources(
         try:
             module = cst.parse_module(source)
         except Exception as exc:  # libcst raises ParserSyntaxError, but be safe on odd input
-            result.error = parse_error(exc)
+            result.error = parse_error(exc, source, path)
             continue
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
         collector = FactCollector()
@@ -249,7 +257,8 @@ def _plan_file(ctx: FileContext, peek: Callable[[str], bool]) -> list[cst.BaseSt
 
 
 def _finish_file(ctx: FileContext, preamble: list[cst.BaseStatement], result: FileResult) -> None:
-    """Insert the communicator and imports, apply the plan, and check the output parses."""
+    """Insert the communicator and imports, apply the plan, and check the output: it parses,
+    and it differs from the input only as the plan says (``verify``)."""
     communicator.emit(ctx, preamble)
     imports.emit(ctx)
     result.entries = ctx.entries
@@ -267,10 +276,36 @@ def _finish_file(ctx: FileContext, preamble: list[cst.BaseStatement], result: Fi
             result.error = f"{original.lineno or 1}:{original.offset or 1}: {original.msg}"
             return
         result.error = (
-            f"{exc.lineno or 1}:{exc.offset or 1}: internal error, output does not parse: {exc.msg}"
+            f"internal: {exc.lineno or 1}:{exc.offset or 1}: output does not parse: {exc.msg}"
         )
         return
+    try:
+        check_output(ctx.source, new, plan_records(ctx))
+    except VerificationError as bad:
+        result.error = f"internal: {bad.line}: {bad.message}"
+        return
     result.output = new
+
+
+def _statement_key(ctx: FileContext, node: cst.CSTNode) -> tuple[int, str]:
+    """The (line, kind) by which the output check knows an original statement."""
+    first = node.body[0] if isinstance(node, cst.SimpleStatementLine) and node.body else node
+    return ctx.line(node), kind_name(type(first).__name__)
+
+
+def plan_records(ctx: FileContext) -> PlanRecords:
+    """The plan as the output check reads it: lines, kinds and code, no nodes."""
+    plan = ctx.plan
+    records = PlanRecords(guard_test=f"{plan.comm}.rank == 0")
+    for key, guard in plan.guard.items():
+        records.guarded[_statement_key(ctx, plan.nodes[key])] = guard.else_names
+    for within in plan.replaced_within.values():
+        if within is not None:
+            records.replaced.add(_statement_key(ctx, within))
+    empty = cst.Module(body=[])
+    for inserted in (*plan.before.values(), *plan.after.values()):
+        records.inserted.extend(empty.code_for_node(stmt) for stmt in inserted)
+    return records
 
 
 def convert_source(

@@ -67,12 +67,28 @@ class CollectiveOnSomeRanks(Rule):
         self._functions: list[str] = []
         self._direct: dict[str, str] = {}  # function name -> a collective it performs
         self._calls: dict[str, set[str]] = {}  # function name -> local functions it calls
+        self._top_level: set[str] = set()  # functions defined at module level
+        self._class_depth = 0
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if not self._functions and not self._class_depth:
+            self._top_level.add(node.name.value)
         self._functions.append(node.name.value)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._class_depth += 1
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._class_depth -= 1
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._functions.pop()
+
+    def module_functions_with_collectives(self) -> dict[str, str]:
+        """Module-level functions of this file that perform a collective (directly, through
+        local functions, or through ``ctx.external_collectives``), for other files' checks."""
+        performs = self._collective_functions()
+        return {name: what for name, what in performs.items() if name in self._top_level}
 
     def visit_Call(self, node: cst.Call) -> None:
         ctx = self.ctx
@@ -80,6 +96,8 @@ class CollectiveOnSomeRanks(Rule):
         if key is not None and isinstance(node.func, cst.Attribute):
             if ctx.is_sub_communicator(node.func.value):
                 return  # a split communicator holds just the ranks that take such branches
+        if key is None:
+            key = ctx.external_collective(node)
         callee = None if key is not None else _local_callee(node)
         if key is None and callee is None:
             return
