@@ -2,16 +2,17 @@
 
 By default it prints a unified diff and writes nothing (exit 0); ``--check`` exits 1 when a file
 would change; ``-o``, ``--outtree`` and ``--in-place`` write. Files given together (or a
-directory) convert as one project. A file that cannot be read as UTF-8 or parsed gets
-``error: cannot convert PATH: LINE:COL: reason`` on stderr, the others continue, exit 2.
+directory) convert as one project. Files are read and written through ``mnify.sourcefile`` (their
+own encoding, BOM and line endings; atomic writes; exclusive backups). A file that cannot be
+decoded or parsed gets ``error: cannot convert PATH: LINE:COL: reason``, one that cannot be read
+or written ``error: PATH: reason``; the others continue, the summary line is printed, exit 2.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -19,36 +20,81 @@ import click
 from mnify.rewrites.driver import FileResult, convert_sources
 from mnify.rewrites.options import ConvertOptions
 from mnify.rewrites.report import FileOutcome, Report
+from mnify.sourcefile import (
+    SourceDecodeError,
+    SourceEncodeError,
+    SourceText,
+    WriteRefused,
+    describe_os_error,
+    read_source,
+    rewrite_in_place,
+    write_file,
+)
+from mnify.sourcetree import copy_tree, python_files
 
 _SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".mypy_cache", ".ruff_cache", "node_modules"}
-_BOM = "\ufeff"
 
 
-def _python_files(root: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                yield Path(dirpath) / name
+@dataclass
+class _Failures:
+    """Per-file failures (the reason, for the report) and the error lines to print."""
+
+    reasons: dict[str, str] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+    def add(self, path: str, reason: str, *, positional: bool = False) -> None:
+        """``positional`` reasons (``LINE:COL: ...``) read as ``cannot convert PATH: ...``."""
+        self.reasons.setdefault(path, reason)
+        prefix = "cannot convert " if positional else ""
+        self.lines.append(f"error: {prefix}{path}: {reason}")
+
+    def note(self, path: Path, reason: str) -> None:
+        """A failure that is not one converted file's (a directory, the report, the tree)."""
+        self.lines.append(f"error: {path}: {reason}")
+
+    def unwritten(self, paths: list[str], where: Path, reason: str) -> None:
+        """Writing ``where`` failed, so ``paths``' conversions were not written."""
+        self.note(where, reason)
+        for path in paths:
+            self.reasons.setdefault(path, f"not written: {where}: {reason}")
 
 
-def _read(path: Path) -> tuple[str | None, str | None]:
-    """(text, None) or (None, 'LINE:COL: reason') for a file that is not UTF-8."""
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8"), None
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        bad = data[exc.start : exc.start + 1].hex()
-        return None, f"{line}:{col}: not UTF-8 (byte 0x{bad}); save the file as UTF-8"
+def _gather(src: tuple[Path, ...], failures: _Failures) -> list[Path]:
+    """The files to convert, each once even when reached by two names (a link, a hard link)."""
+    files: list[Path] = []
+    for s in src:
+        if s.is_dir():
+            found, problems = python_files(s, _SKIP_DIRS)
+            files.extend(found)
+            for problem in problems:
+                failures.note(problem.path, problem.reason)
+        else:
+            files.append(s)
+    seen: set[object] = set()
+    unique: list[Path] = []
+    for f in files:
+        key: object
+        try:
+            info = f.stat()
+            key = (info.st_dev, info.st_ino)
+        except OSError:
+            key = os.path.realpath(f)
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
 
 
-def _write(path: Path, text: str) -> None:
-    """Write atomically, so an interrupted run never leaves a truncated file."""
-    tmp = path.with_name(f".{path.name}.mnify-tmp")
-    tmp.write_bytes(text.encode("utf-8"))
-    os.replace(tmp, path)
+def _read_all(files: list[Path], failures: _Failures) -> dict[str, SourceText]:
+    sources: dict[str, SourceText] = {}
+    for f in files:
+        try:
+            sources[str(f)] = read_source(f)
+        except OSError as exc:
+            failures.add(str(f), describe_os_error(f, exc))
+        except SourceDecodeError as exc:
+            failures.add(str(f), str(exc), positional=True)
+    return sources
 
 
 def _show_diff(diff: str, color: bool) -> None:
@@ -145,97 +191,157 @@ def convert(
         raise click.UsageError(f"{' and '.join(modes)} cannot be combined")
     if check and modes:
         raise click.UsageError(f"--check writes nothing; drop {modes[0]}")
-    if output is not None and (len(src) != 1 or src[0].is_dir()):
-        raise click.UsageError("-o takes exactly one source file; use --outtree for directories")
+    if output is not None:
+        _check_output(src, output)
     if outtree is not None:
-        if len(src) != 1 or not src[0].is_dir():
-            raise click.UsageError("--outtree takes exactly one source directory")
-        if outtree.exists():
-            raise click.UsageError(f"--outtree {outtree} exists; refusing to overwrite it")
+        _check_outtree(src, outtree)
     options = ConvertOptions(
         target=target,  # type: ignore[arg-type]
         communicator=communicator,  # type: ignore[arg-type]
         scaling=scaling,  # type: ignore[arg-type]
         model_parallel=model_parallel,  # type: ignore[arg-type]
     )
-    files: list[Path] = []
-    for s in src:
-        files.extend(_python_files(s) if s.is_dir() else [s])
-    report = Report()
-    sources: dict[str, str] = {}
-    boms: set[str] = set()
-    read_errors: dict[str, str] = {}
-    for f in files:
-        text, err = _read(f)
-        if text is None:
-            read_errors[str(f)] = err or "unreadable"
-            continue
-        if text.startswith(_BOM):
-            boms.add(str(f))
-            text = text[1:]
-        sources[str(f)] = text
+    failures = _Failures()
+    texts = _read_all(_gather(src, failures), failures)
     tty = sys.stderr.isatty()
+    sources = {path: text.text for path, text in texts.items()}
     results = _convert_with_progress(sources, options, show=tty and len(sources) > 1)
-    failed = False
-    for path, err in read_errors.items():
-        click.echo(f"error: cannot convert {path}: {err}", err=True)
-        report.files.append(FileOutcome(path, error=err))
-        failed = True
     use_color = sys.stdout.isatty() if color is None else color
+    outputs: dict[str, bytes] = {}
     for r in results:
-        report.extend(r.entries)
-        report.files.append(
-            FileOutcome(r.path, changed=r.changed, error=r.error, skipped=r.skipped)
-        )
         if r.error is not None:
-            click.echo(f"error: cannot convert {r.path}: {r.error}", err=True)
-            failed = True
-        elif check and r.changed:
+            failures.add(r.path, r.error, positional=True)
+            continue
+        if r.output is None:
+            continue
+        try:
+            outputs[r.path] = texts[r.path].encode(r.output) if r.changed else texts[r.path].data
+        except SourceEncodeError as exc:
+            failures.add(r.path, str(exc), positional=True)
+            continue
+        if check and r.changed:
             click.echo(f"would convert {r.path}", err=True)
         elif not modes and not check and r.changed:
             _show_diff(r.diff(), use_color)
-    if not check:
-        _write_outputs(results, boms, output, outtree, src[0] if src else None, in_place, no_backup)
+    if output is not None:
+        _write_output(results, outputs, output, failures)
+    elif outtree is not None:
+        _write_outtree(results, outputs, src[0], outtree, failures)
+    elif in_place:
+        _write_in_place(results, texts, outputs, not no_backup, failures)
+    report = _report(texts, results, failures)
+    for line in failures.lines:
+        click.echo(line, err=True)
     for entry in report.sorted_entries():
         if entry.severity == "needs-person":
             click.echo(f"needs a person: {entry.render()}", err=True)
     click.echo(report.summary(), err=True)
-    if report_path is not None:
-        text = report.render_json() if report_path.suffix == ".json" else report.render_text()
-        _write(report_path, text)
-    if failed:
+    report_failed = report_path is not None and not _write_report(report, report_path)
+    if failures.lines or report_failed:
         sys.exit(2)
     if check and any(r.changed for r in results):
         sys.exit(1)
 
 
-def _write_outputs(
-    results: list[FileResult],
-    boms: set[str],
-    output: Path | None,
-    outtree: Path | None,
-    root: Path | None,
-    in_place: bool,
-    no_backup: bool,
-) -> None:
-    def text_of(r: FileResult) -> str:
-        assert r.output is not None
-        return (_BOM if r.path in boms else "") + r.output
+def _check_output(src: tuple[Path, ...], output: Path) -> None:
+    """``-o`` names one new file: never the input itself, under any name."""
+    if len(src) != 1 or src[0].is_dir():
+        raise click.UsageError("-o takes exactly one source file; use --outtree for directories")
+    same = os.path.realpath(output) == os.path.realpath(src[0])
+    if not same and os.path.exists(output):
+        same = os.path.samefile(output, src[0])  # also a hard link to the input
+    if same:
+        raise click.UsageError(
+            f"-o {output} is the input file; use --in-place to rewrite it (with a backup)"
+        )
 
-    if output is not None:
-        for r in results:
-            if r.output is not None:
-                _write(output, text_of(r))
-    elif outtree is not None and root is not None:
-        shutil.copytree(root, outtree, ignore=shutil.ignore_patterns(*_SKIP_DIRS))
-        for r in results:
-            if r.changed:
-                _write(outtree / Path(r.path).relative_to(root), text_of(r))
-    elif in_place:
-        for r in results:
-            if not r.changed:
-                continue
-            path = Path(r.path)
-            if not no_backup:
-                shutil.copy2(path, path.with_name(path.name + ".orig"))
-            _write(path, text_of(r))
+
+def _check_outtree(src: tuple[Path, ...], outtree: Path) -> None:
+    """``--outtree`` names a new directory outside the source tree that does not contain it."""
+    if len(src) != 1 or not src[0].is_dir():
+        raise click.UsageError("--outtree takes exactly one source directory")
+    source, target = Path(os.path.realpath(src[0])), Path(os.path.realpath(outtree))
+    if target == source or target.is_relative_to(source):
+        raise click.UsageError(f"--outtree {outtree} is inside the source directory {src[0]}")
+    if source.is_relative_to(target):
+        raise click.UsageError(f"--outtree {outtree} contains the source directory {src[0]}")
+    if os.path.lexists(outtree):
+        raise click.UsageError(f"--outtree {outtree} exists; refusing to overwrite it")
+
+
+def _write_output(
+    results: list[FileResult], outputs: dict[str, bytes], output: Path, failures: _Failures
+) -> None:
+    for r in results:
+        if r.path not in outputs:
+            continue
+        try:
+            write_file(output, outputs[r.path])
+        except OSError as exc:
+            failures.unwritten([r.path], output, describe_os_error(output, exc))
+
+
+def _write_outtree(
+    results: list[FileResult],
+    outputs: dict[str, bytes],
+    root: Path,
+    outtree: Path,
+    failures: _Failures,
+) -> None:
+    changed = {Path(r.path).relative_to(root): r.path for r in results if r.changed}
+    replace = {relative: outputs[path] for relative, path in changed.items() if path in outputs}
+    try:
+        problems = copy_tree(root, outtree, _SKIP_DIRS, replace)
+    except OSError as exc:
+        failures.unwritten(list(changed.values()), outtree, describe_os_error(outtree, exc))
+        return
+    for problem in problems:
+        converted = changed.get(problem.path.relative_to(root))
+        if converted is not None:
+            failures.add(converted, problem.reason)
+        else:
+            failures.note(problem.path, problem.reason)
+
+
+def _write_in_place(
+    results: list[FileResult],
+    texts: dict[str, SourceText],
+    outputs: dict[str, bytes],
+    backup: bool,
+    failures: _Failures,
+) -> None:
+    """Rewrite each changed file (a link's target), backed up first; unchanged ones are left."""
+    for r in results:
+        if not r.changed or r.path not in outputs:
+            continue
+        path = Path(r.path)
+        try:
+            rewrite_in_place(path, texts[r.path].data, outputs[r.path], backup=backup)
+        except WriteRefused as exc:
+            failures.add(r.path, str(exc))
+        except OSError as exc:
+            failures.add(r.path, describe_os_error(path, exc))
+
+
+def _report(texts: dict[str, SourceText], results: list[FileResult], failures: _Failures) -> Report:
+    report = Report()
+    converted = {r.path for r in results}
+    for path, reason in failures.reasons.items():
+        if path not in converted:
+            report.files.append(FileOutcome(path, error=reason))
+    for r in results:
+        report.extend(r.entries)
+        error = failures.reasons.get(r.path)
+        changed = r.changed and error is None
+        report.files.append(FileOutcome(r.path, changed=changed, error=error, skipped=r.skipped))
+    return report
+
+
+def _write_report(report: Report, report_path: Path) -> bool:
+    text = report.render_json() if report_path.suffix == ".json" else report.render_text()
+    try:
+        write_file(report_path, text.encode("utf-8"))
+    except OSError as exc:
+        click.echo(f"error: {report_path}: {describe_os_error(report_path, exc)}", err=True)
+        return False
+    return True

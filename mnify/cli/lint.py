@@ -88,7 +88,8 @@ def lint(
     if statistics:
         click.echo(format_statistics(result.diagnostics, output_format), nl=False)
     else:
-        click.echo(format_diagnostics(result.diagnostics, output_format), nl=False)
+        unlinted = len(result.errors) + len(missing)
+        click.echo(format_diagnostics(result.diagnostics, output_format, unlinted), nl=False)
     if result.errors or missing:
         sys.exit(EXIT_ERROR)
     if result.diagnostics and not exit_zero:

@@ -1,9 +1,11 @@
 """Linting paths: walk directories for ``*.py`` (skipping hidden, virtualenv and build
 directories and ``[tool.mnify] exclude`` globs), apply each file's ``[tool.mnify]`` settings,
-lint every file and collect per-file errors instead of stopping at the first."""
+lint every file and collect per-file errors instead of stopping at the first. Files are decoded
+as Python decodes them (``mnify.sourcefile``: BOM, PEP 263 coding cookie)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +14,7 @@ from mnify.config import ConfigError, ConfigFinder, LintConfig
 from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
 from mnify.lint.registry import SelectorError
 from mnify.lint.runner import lint_source
+from mnify.sourcefile import SourceDecodeError, decode_source, describe_os_error
 
 SKIPPED_DIRECTORIES = frozenset(
     {".git", ".hg", ".venv", "venv", "__pycache__", "node_modules", "build", "dist", ".tox"}
@@ -27,10 +30,20 @@ class LintResult:
     files: int = 0
 
 
+def _config_for(finder: ConfigFinder, path: Path) -> LintConfig:
+    """The config governing ``path``; for a symbolic link loop (which ``Path.resolve`` refuses
+    before Python 3.13) the one governing the directory it is in, so the loop is reported when
+    the file is read rather than ending the run."""
+    try:
+        return finder.for_path(path)
+    except RuntimeError:
+        return finder.for_path(path.parent)
+
+
 def discover(paths: Sequence[Path], finder: ConfigFinder) -> Iterator[Path]:
     """Files named on the command line always; ``*.py`` below directories, sorted; each file
     once even when named twice (directly and through its directory)."""
-    seen: set[Path] = set()
+    seen: set[str] = set()
     for path in paths:
         if path.is_dir():
             candidates = []
@@ -38,12 +51,12 @@ def discover(paths: Sequence[Path], finder: ConfigFinder) -> Iterator[Path]:
                 relative = candidate.relative_to(path).parts[:-1]
                 if any(part in SKIPPED_DIRECTORIES or part.startswith(".") for part in relative):
                     continue
-                if not finder.for_path(candidate).excludes(candidate):
+                if not _config_for(finder, candidate).excludes(candidate):
                     candidates.append(candidate)
         else:
             candidates = [path]
         for candidate in candidates:
-            key = candidate.resolve()
+            key = os.path.realpath(candidate)  # unlike Path.resolve, never raises on a link loop
             if key not in seen:
                 seen.add(key)
                 yield candidate
@@ -88,14 +101,14 @@ def _lint_one(
     select, ignore, extend_select = options
     shown = path.as_posix()
     result.files += 1
-    config: LintConfig = finder.for_path(path)
+    config = _config_for(finder, path)
     chosen: Sequence[str] | None = select
     ignored: tuple[str, ...] = config.per_file_ignores_for(path)
     extended: tuple[str, ...] = ()
     if select is None:
         chosen, ignored, extended = config.select, config.ignores_for(path), config.extend_select
     try:
-        source = read().decode("utf-8")
+        source = decode_source(read()).text
         result.diagnostics.extend(
             lint_source(
                 source,
@@ -107,13 +120,10 @@ def _lint_one(
         )
     except LintSyntaxError as exc:
         result.errors.append(f"error: cannot lint {shown}: {exc.line}:{exc.col}: {exc.reason}")
-    except UnicodeDecodeError as exc:
-        data = exc.object
-        line = data.count(b"\n", 0, exc.start) + 1
-        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        result.errors.append(f"error: cannot lint {shown}: {line}:{col}: not UTF-8 ({exc.reason})")
+    except SourceDecodeError as exc:
+        result.errors.append(f"error: cannot lint {shown}: {exc}")
     except OSError as exc:
-        result.errors.append(f"error: cannot lint {shown}: {exc.strerror or exc}")
+        result.errors.append(f"error: cannot lint {shown}: {describe_os_error(path, exc)}")
     except SelectorError as exc:
         where = config.source if config.source is not None else "command line"
         raise ConfigError(f"{where}: {exc}") from exc

@@ -18,15 +18,20 @@ _SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _INFORMATION_URI = "https://github.com/mnify/mnify/blob/main/docs/rules.md"
 
 
-def format_concise(diagnostics: Sequence[Diagnostic]) -> str:
+def format_concise(diagnostics: Sequence[Diagnostic], unlinted: int = 0) -> str:
+    """One line per finding, then a summary; ``unlinted`` files (unreadable, unparsable) make
+    it a failure line, never "All checks passed!"."""
     lines = [f"{d.path}:{d.line}:{d.col}: {d.code} {d.message}" for d in diagnostics]
     fixable = sum(d.fixable for d in diagnostics)
+    failed = f"{unlinted} file{'' if unlinted == 1 else 's'} could not be linted"
     if diagnostics:
         noun = "finding" if len(diagnostics) == 1 else "findings"
         summary = f"Found {len(diagnostics)} {noun}"
         if fixable:
             summary += f" ({fixable} fixable with `mnify convert`)"
-        lines.append(summary + ".")
+        lines.append(summary + (f"; {failed}." if unlinted else "."))
+    elif unlinted:
+        lines.append(f"Failed: {failed}; no findings in the rest.")
     else:
         lines.append("All checks passed!")
     return "\n".join(lines) + "\n"
@@ -137,9 +142,13 @@ def format_sarif(diagnostics: Sequence[Diagnostic]) -> str:
     return json.dumps(sarif_document(diagnostics), indent=2) + "\n"
 
 
-def format_diagnostics(diagnostics: Sequence[Diagnostic], output_format: str) -> str:
+def format_diagnostics(
+    diagnostics: Sequence[Diagnostic], output_format: str, unlinted: int = 0
+) -> str:
+    """``unlinted``: files that could not be linted (their errors go to stderr)."""
+    if output_format == "concise":
+        return format_concise(diagnostics, unlinted)
     formatter = {
-        "concise": format_concise,
         "json": format_json,
         "github": format_github,
         "sarif": format_sarif,
