@@ -72,6 +72,9 @@ class FileContext:
     needs_comm_classes: dict[str, cst.ClassDef] = field(default_factory=dict)
     imports_needed: set[str] = field(default_factory=set)
     lint_reported: bool = False  # mnify lint ran on this file (its findings are in entries)
+    # functions of the project that reach a collective once converted ("helpers.load_data"):
+    # a call of one is never put under a rank guard
+    collective_callees: frozenset[str] = frozenset()
     _positions: object | None = None
     _lines: dict[int, int] | None = None
     _quote: str | None = None
@@ -138,6 +141,28 @@ class FileContext:
         self.entries.append(
             ReportEntry(self.path, line, step, severity, message, STEP_CODES.get(step, ""))
         )
+
+    def reaches_collective(self, stmt: cst.BaseStatement) -> str | None:
+        """The project function reaching a collective that a call inside ``stmt`` names."""
+        if not self.collective_callees:
+            return None
+        inside = {id(stmt)}
+        for call in self.facts.calls:
+            holder = call.stmt
+            chain = []
+            while holder is not None and id(holder) not in inside:
+                chain.append(holder)
+                holder = self.facts.parent_statement(holder)
+            if holder is None:
+                continue
+            inside.update(id(h) for h in chain)
+            bare = call.qname.lstrip(".")
+            for name in self.collective_callees:
+                module, _, func = name.rpartition(".")
+                local = module == self.module_name and bare == func
+                if local or bare == name or bare.endswith("." + name):
+                    return name
+        return None
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

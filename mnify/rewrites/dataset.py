@@ -78,6 +78,16 @@ def plan(ctx: FileContext) -> None:
         if arg is None or stmt is None or ctx.suppressed(call.node, "dataset"):
             continue
         train = is_training_iterator(call.node)
+        if id(stmt) in ctx.facts.under_rank_test:
+            # A scatter here would run on some ranks only (a deadlock): leave it to a person.
+            ctx.note(
+                call.node,
+                "dataset",
+                "needs-person",
+                "this iterator is built under a rank check: scatter its dataset where every rank "
+                "runs",
+            )
+            continue
         if isinstance(arg.value, cst.Name):
             name = arg.value.value
             if _already_scattered(ctx, name):
@@ -121,6 +131,16 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
     ]
     label = ", ".join(_in_order(ordered, body, defs))
     if not defs:
+        unbound = [d for d in ordered if not _assigned_before(ctx, d, body[item.first_iterator])]
+        if unbound:
+            ctx.note(
+                site,
+                "dataset",
+                "needs-person",
+                f"{', '.join(unbound)} is not surely assigned before this iterator (assigned later, "
+                "or only in some branches): scatter it by hand where it is assigned",
+            )
+            return
         ctx.plan.insert_before(body[item.first_iterator], scatters)
         ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
         return
@@ -162,6 +182,32 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
     ctx.plan.insert_after(body[end], scatters)
     ctx.note(body[start], "dataset", "changed", f"rank 0 loads {label}; the others get None")
     ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+
+
+def _assigned_before(ctx: FileContext, name: str, stmt: cst.BaseStatement) -> bool:
+    """Whether every path to ``stmt`` has assigned ``name``: an assignment at the top of a block
+    that holds ``stmt`` (or one of its enclosing statements), earlier in that block, or a
+    parameter of the enclosing function. Assignments nested in branches or loops do not count."""
+    mine = {id(a.stmt) for a in ctx.facts.assigns_of(name) if a.stmt is not None}
+    current: cst.BaseStatement | None = stmt
+    while current is not None:
+        block = ctx.facts.block_of.get(id(current))
+        if block is not None:
+            for earlier in block.body:
+                if earlier is current:
+                    break
+                if id(earlier) in mine:
+                    return True
+        parent = ctx.facts.parent_statement(current)
+        if isinstance(parent, cst.FunctionDef):
+            params = parent.params
+            every = [*params.posonly_params, *params.params, *params.kwonly_params]
+            for extra in (params.star_arg, params.star_kwarg):
+                if isinstance(extra, cst.Param):
+                    every.append(extra)
+            return any(p.name.value == name for p in every)
+        current = parent
+    return False
 
 
 def _defining_statements(ctx: FileContext, item: _BlockWork, wanted: set[str]) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
+from mnify.lint import Diagnostic, LintSyntaxError, lint_source, project_collectives
 from mnify.rewrites import (
     batchnorm,
     communicator,
@@ -35,6 +37,10 @@ from mnify.rewrites.facts import FactCollector
 from mnify.rewrites.options import ConvertOptions
 from mnify.rewrites.report import ReportEntry
 from mnify.rewrites.verify import PlanRecords, VerificationError, check_output, kind_name
+
+# rules the converter's output must not newly break (MN301 deadlocks: error; MN302: report)
+_DEADLOCK_RULES = ("MN301", "MN302")
+_DISTRIBUTED = re.compile(r"create_communicator|comm\.rank|\bchainermn\b")
 
 
 @dataclass
@@ -180,9 +186,86 @@ def convert_sources(
 ) -> list[FileResult]:
     """Convert ``{path: source}`` together; results in the same order.
 
-    ``progress(path)`` is called as each file is finished (for a progress bar).
+    ``progress(path)`` is called as each file is finished (for a progress bar). The outputs
+    pass the deadlock rule MN301 as a project (calls into other converted files count): when the
+    first conversion puts a call that now reaches a collective under a rank guard, the project
+    is planned again with those calls kept on every rank; a finding that still remains is an
+    internal error for its file, which then gets no output.
     """
     options = options or ConvertOptions()
+    results = _convert_project(sources, options, progress, frozenset())
+    new = _new_collective_findings(results)
+    if new:
+        outputs = {p: r.output for p, r in results.items() if r.output is not None}
+        callees = frozenset(project_collectives(outputs))
+        results = _convert_project(sources, options, None, callees)
+        new = _new_collective_findings(results)
+    for path, finding in new.items():
+        result = results[path]
+        result.error = f"internal: {finding.line}: {finding.message} (MN301, not in the input)"
+        result.output = None
+    return [results[p] for p in sources]
+
+
+def _finding_keys(source: str, findings: list[Diagnostic]) -> Counter[tuple[str, str]]:
+    lines = source.splitlines()
+    return Counter(
+        (d.code, lines[d.line - 1].strip() if 0 < d.line <= len(lines) else "") for d in findings
+    )
+
+
+def _new_collective_findings(results: Mapping[str, FileResult]) -> dict[str, Diagnostic]:
+    """MN301 findings of the converted project that its input did not have (first per file);
+    new MN302 findings go to the report."""
+    done = {p: r for p, r in results.items() if r.output is not None}
+    if not any(r.changed for r in done.values()):
+        return {}
+    outputs = {p: r.output for p, r in done.items() if r.output is not None}
+    inputs = {p: r.source for p, r in done.items()}
+    external_out = project_collectives(outputs)
+    distributed_input = any(_DISTRIBUTED.search(text) for text in inputs.values())
+    external_in = project_collectives(inputs) if distributed_input else {}
+    new: dict[str, Diagnostic] = {}
+    for path, result in done.items():
+        if not result.changed:
+            continue
+        select = list(_DEADLOCK_RULES)
+        try:
+            after = lint_source(
+                outputs[path], path, select=select, external_collectives=external_out
+            )
+            before = (
+                lint_source(inputs[path], path, select=select, external_collectives=external_in)
+                if _DISTRIBUTED.search(inputs[path])
+                else []
+            )
+        except LintSyntaxError:
+            continue  # the output was compiled already; libcst may still refuse odd syntax
+        had = _finding_keys(inputs[path], before)
+        lines = outputs[path].splitlines()
+        for finding in after:
+            key = (finding.code, lines[finding.line - 1].strip() if finding.line else "")
+            if had[key] > 0:
+                had[key] -= 1
+                continue
+            if finding.code == "MN301":
+                new.setdefault(path, finding)
+            else:
+                result.entries.append(
+                    ReportEntry(
+                        path, finding.line, "lint", "needs-person", finding.message, finding.code
+                    )
+                )
+    return new
+
+
+def _convert_project(
+    sources: Mapping[str, str],
+    options: ConvertOptions,
+    progress: Callable[[str], None] | None,
+    collective_callees: frozenset[str],
+) -> dict[str, FileResult]:
+    """One planning and applying pass over the project (see :func:`convert_sources`)."""
     results: dict[str, FileResult] = {}
     contexts: dict[str, FileContext] = {}
     for path, source in sources.items():
@@ -201,6 +284,7 @@ def convert_sources(
         ctx = FileContext(
             path, module_name(path), source, wrapper, module, collector.facts, options
         )
+        ctx.collective_callees = collective_callees
         contexts[path] = ctx
     converted = {ctx.module_name for ctx in contexts.values()}
     peek = _peek_bn_factory(list(sources), converted)
@@ -209,7 +293,7 @@ def convert_sources(
         try:
             preambles[path] = _plan_file(ctx, peek)
         except Exception as exc:  # a rewrite bug costs this file, not the whole run
-            results[path].error = f"1:1: internal error while converting: {exc!r}"
+            results[path].error = f"internal: 1: error while planning: {exc!r}"
             del contexts[path]
     for _ in range(5):
         callees: dict[str, str] = {}
@@ -235,8 +319,8 @@ def convert_sources(
         try:
             _finish_file(ctx, preambles[path], result)
         except Exception as exc:
-            result.error = f"1:1: internal error while converting: {exc!r}"
-    return [results[p] for p in sources]
+            result.error = f"internal: 1: error while converting: {exc!r}"
+    return results
 
 
 def _plan_file(ctx: FileContext, peek: Callable[[str], bool]) -> list[cst.BaseStatement]:

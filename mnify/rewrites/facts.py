@@ -70,6 +70,8 @@ class Facts:
     has_main_guard: bool = False
     block_owner_stmt: dict[int, cst.BaseStatement] = field(default_factory=dict)
     under_rank0: set[int] = field(default_factory=set)  # statements already under rank == 0
+    # statements under any rank check (`comm.rank == 0`, `comm.intra_rank != 1`, ...)
+    under_rank_test: set[int] = field(default_factory=set)
     calls_by_stmt: dict[int, list[CallFact]] = field(default_factory=dict)
     call_index: dict[int, CallFact] = field(default_factory=dict)
     assigns_by_name: dict[str, list[AssignFact]] = field(default_factory=dict)
@@ -166,6 +168,7 @@ class FactCollector(cst.CSTVisitor):
         self._calls: list[tuple[cst.Call, str]] = []
         self._arg_of: dict[int, tuple[cst.Call, str]] = {}
         self._rank0 = 0
+        self._rank_test = 0
 
     # No visit_<Node>_<attribute> hooks here: skipping that dispatch per attribute makes the
     # walk noticeably cheaper.
@@ -265,14 +268,19 @@ class FactCollector(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if type(node) in _NOTHING_INSIDE:
             return False
-        if self._rank0 and isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-            self.facts.under_rank0.add(id(node))
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            if self._rank0:
+                self.facts.under_rank0.add(id(node))
+            if self._rank_test:
+                self.facts.under_rank_test.add(id(node))
         if isinstance(node, cst.BaseCompoundStatement):
             self.facts.stmt_parent[id(node)] = self._stmts[-1] if self._stmts else None
             self.facts.stmt_order.append(node)
             self._stmts.append(node)
             if isinstance(node, cst.If) and _is_rank0_test(node.test):
                 self._rank0 += 1
+            if isinstance(node, cst.If) and _mentions_rank(node.test):
+                self._rank_test += 1
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
@@ -281,6 +289,8 @@ class FactCollector(cst.CSTVisitor):
             self._stmts.pop()
             if isinstance(original_node, cst.If) and _is_rank0_test(original_node.test):
                 self._rank0 -= 1
+            if isinstance(original_node, cst.If) and _mentions_rank(original_node.test):
+                self._rank_test -= 1
 
     def _stmt(self) -> cst.BaseStatement | None:
         return self._stmts[-1] if self._stmts else None
@@ -342,6 +352,20 @@ class FactCollector(cst.CSTVisitor):
         for arg in node.args:
             if isinstance(arg.value, cst.Call):
                 self._arg_of[id(arg.value)] = (node, qname)
+
+
+def _mentions_rank(test: cst.BaseExpression) -> bool:
+    """A test that reads a rank (``comm.rank``, ``comm.intra_rank``, ``comm.inter_rank``)."""
+    found = False
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            nonlocal found
+            if node.attr.value in ("rank", "intra_rank", "inter_rank"):
+                found = True
+
+    test.visit(_Finder())
+    return found
 
 
 def _is_rank0_test(test: cst.BaseExpression) -> bool:

@@ -103,6 +103,16 @@ def plan(ctx: FileContext) -> None:
             continue
         if ctx.plan.is_guarded(target) or ctx.suppressed(target, "rank0-guard"):
             continue
+        reached = ctx.reaches_collective(target)
+        if reached is not None:
+            ctx.note(
+                target,
+                "rank0-guard",
+                "needs-person",
+                f"{what} stays on every rank: it calls {reached}(), which now reaches a "
+                "collective that every rank must join",
+            )
+            continue
         comm = ctx.comm_at(call.func, what)
         if comm is None:
             ctx.note(

@@ -151,13 +151,14 @@ def _keys(unit: list[ast.stmt]) -> list[StmtKey]:
 
 
 class _Checker:
-    def __init__(self, records: PlanRecords, output: ast.Module) -> None:
+    def __init__(self, records: PlanRecords, source: ast.Module, output: ast.Module) -> None:
         self.records = records
         self.test = _dump(ast.parse(records.guard_test, mode="eval").body)
         self.pending: Counter[str] = Counter()
         for code in records.inserted:
             for unit in _units(ast.parse(code).body):
                 self.pending[self._unit_dump(unit)] += 1
+        self.source = source
         self.output = output
 
     @staticmethod
@@ -201,8 +202,11 @@ class _Checker:
                     o = o_units[i]
                     got = self._guarded(o)
                     if got is None:
+                        here = " > ".join(chain) or "the module"
                         raise VerificationError(
-                            o[0].lineno, f"{_describe(o[0])} wrapped in an unplanned rank guard"
+                            o[0].lineno,
+                            f"{_describe(o[0])} moved from under {here} to under "
+                            f"{' > '.join(under)} (an unplanned rank guard)",
                         )
                     names = got
                     self.compare(o, piece, under)
@@ -233,6 +237,8 @@ class _Checker:
                     o[0].lineno, f"{_describe(o[0])} lost its planned rank guard"
                 )
             if o is not None:
+                if u is not None and self._where(o) == chain:
+                    self._fail_unplanned(u, chain)  # o is still here, later: u is the stranger
                 self._fail_missing(o, chain)
             assert u is not None
             self._fail_unplanned(u, chain)
@@ -270,8 +276,9 @@ class _Checker:
         if len(guard.orelse) != 1 or _dump(guard.orelse[0]) != _dump(ast.parse(want).body[0]):
             raise VerificationError(guard.lineno, f"a loading guard's else is not `{want}`")
 
-    def _where(self, unit: list[ast.stmt]) -> list[str] | None:
-        """The chain of blocks under which an equal statement sits in the output, if any."""
+    def _where(self, unit: list[ast.stmt], tree: ast.Module | None = None) -> list[str] | None:
+        """The chain of blocks under which an equal statement sits in ``tree`` (the output by
+        default), if any."""
         want = self._unit_dump(unit)
 
         def search(stmts: Sequence[ast.stmt], chain: list[str]) -> list[str] | None:
@@ -284,7 +291,7 @@ class _Checker:
                         return found
             return None
 
-        return search(self.output.body, [])
+        return search((tree or self.output).body, [])
 
     def _fail_missing(self, o: list[ast.stmt], chain: list[str]) -> NoReturn:
         where = self._where(o)
@@ -298,6 +305,13 @@ class _Checker:
 
     def _fail_unplanned(self, u: list[ast.stmt], chain: list[str]) -> NoReturn:
         here = " > ".join(chain) or "the module"
+        came_from = self._where(u, self.source)
+        if came_from is not None and came_from != chain:
+            raise VerificationError(
+                u[0].lineno,
+                f"{_describe(u[0])} moved from under {' > '.join(came_from) or 'the module'} "
+                f"to under {here}",
+            )
         raise VerificationError(
             u[0].lineno, f"output line {u[0].lineno}: unplanned {_describe(u[0])} under {here}"
         )
@@ -314,6 +328,6 @@ def check_output(source: str, output: str, records: PlanRecords) -> None:
     """Raise :class:`VerificationError` unless ``output`` is ``source`` changed only as planned."""
     orig_tree = ast.parse(source)
     out_tree = ast.parse(output)
-    checker = _Checker(records, out_tree)
+    checker = _Checker(records, orig_tree, out_tree)
     checker.block(orig_tree.body, out_tree.body, [])
     checker.finish()

@@ -1,0 +1,378 @@
+"""The converter proves its own output: the equivalence check, the deadlock check, determinism.
+
+The equivalence check (``mnify.rewrites.verify``) is shown to fire by planting bugs in the
+applier; the deadlock check by projects whose helpers start to reach collectives once converted.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from mnify.lint import lint_source, project_collectives
+from mnify.rewrites import convert_source, convert_sources
+from mnify.rewrites.edits import ApplyEdits
+from mnify.rewrites.verify import PlanRecords, VerificationError, check_output
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LOOP = textwrap.dedent(
+    """\
+    import argparse
+    import chainer
+
+
+    def evaluate(model, it):
+        return 0.0
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--gpu', type=int, default=-1)
+        args = parser.parse_args()
+        train, test = chainer.datasets.get_mnist()
+        train_iter = chainer.iterators.SerialIterator(train, 32)
+        test_iter = chainer.iterators.SerialIterator(test, 32, repeat=False, shuffle=False)
+        model = chainer.links.Classifier(chainer.links.Linear(None, 10))
+        optimizer = chainer.optimizers.Adam()
+        optimizer.setup(model)
+        iteration = 0
+        while train_iter.epoch < 2:
+            batch = train_iter.next()
+            iteration += 1
+            if iteration % 20 == 0:
+                print('iter', iteration)
+            if train_iter.is_new_epoch:
+                print('epoch', train_iter.epoch)
+                acc = evaluate(model, test_iter)
+                print('acc', acc)
+
+
+    if __name__ == '__main__':
+        main()
+    """
+)
+
+
+def _loop_body(tree: ast.Module) -> list[ast.stmt]:
+    main = next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "main")
+    loop = next(s for s in main.body if isinstance(s, ast.While))
+    return loop.body
+
+
+def test_sibling_ifs_stay_siblings() -> None:
+    """The reported bug: the second user `if` was nested into the first one's guard."""
+    result = convert_source(LOOP)
+    assert result.error is None
+    assert result.output is not None
+    body = _loop_body(ast.parse(result.output))
+    kinds = [type(s).__name__ for s in body]
+    assert kinds == ["Assign", "AugAssign", "If", "If"]
+    tests = [ast.unparse(s.test) for s in body if isinstance(s, ast.If)]
+    assert tests == ["comm.rank == 0", "train_iter.is_new_epoch"]
+    epoch_if = body[3]
+    assert isinstance(epoch_if, ast.If)
+    # the evaluation still runs on every rank, between two guarded prints
+    assert [ast.unparse(s) for s in epoch_if.body][1] == "acc = evaluate(model, test_iter)"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"PYTHONMALLOC": "malloc"}, {"PYTHONHASHSEED": "0"}, {"PYTHONHASHSEED": "4242"}],
+    ids=["malloc", "hashseed0", "hashseed4242"],
+)
+def test_output_is_the_same_under_any_allocator_and_hash_seed(env: dict[str, str]) -> None:
+    code = (
+        "import sys; from mnify.rewrites import convert_source; "
+        "sys.stdout.write(convert_source(sys.stdin.read()).output)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        input=LOOP,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=ROOT,
+        check=True,
+    )
+    assert run.stdout == convert_source(LOOP).output
+
+
+# --------------------------------------------------------------------- planted applier bugs
+def _nest_into_previous_if(
+    self: ApplyEdits, original: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
+) -> list[cst.BaseStatement]:
+    """The old bug, on purpose: a statement following an ``if`` lands inside that ``if``."""
+    body = _REAL_BLOCK(self, original, updated)
+    out: list[cst.BaseStatement] = []
+    for stmt in body:
+        prev = out[-1] if out else None
+        user_if = isinstance(stmt, cst.If) and "is_new_epoch" in cst.Module(body=[]).code_for_node(
+            stmt.test
+        )
+        if isinstance(prev, cst.If) and user_if and prev.orelse is None:
+            assert isinstance(prev.body, cst.IndentedBlock)
+            out[-1] = prev.with_changes(body=prev.body.with_changes(body=[*prev.body.body, stmt]))
+        else:
+            out.append(stmt)
+    return out
+
+
+def _drop_inserted(
+    self: ApplyEdits, original: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
+) -> list[cst.BaseStatement]:
+    """A statement the plan inserts is silently not emitted."""
+    body = _REAL_BLOCK(self, original, updated)
+    kept = [s for s in body if "scatter_dataset" not in cst.Module(body=[s]).code]
+    return kept
+
+
+_REAL_BLOCK = ApplyEdits._block
+
+
+@pytest.mark.parametrize(
+    ("planted", "words"),
+    [(_nest_into_previous_if, "moved from under"), (_drop_inserted, "planned insertion")],
+    ids=["nest", "drop-insertion"],
+)
+def test_planted_applier_bug_is_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch, planted: object, words: str
+) -> None:
+    monkeypatch.setattr(ApplyEdits, "_block", planted)
+    result = convert_source(LOOP, "train.py")
+    assert result.output is None
+    assert result.error is not None and result.error.startswith("internal:")
+    assert words in result.error
+
+
+def test_planted_bug_through_the_console_script_writes_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "train.py"
+    src.write_text(LOOP)
+    out = tmp_path / "train_mn.py"
+    code = (
+        "import sys\n"
+        "from mnify.rewrites.edits import ApplyEdits\n"
+        "from tests.convert.test_self_check import _nest_into_previous_if\n"
+        "ApplyEdits._block = _nest_into_previous_if\n"
+        "from mnify.cli import main\n"
+        "sys.argv = ['mnify', 'convert', sys.argv[1], '-o', sys.argv[2]]\n"
+        "main()\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "internal" in run.stderr and "moved from under" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not out.exists()
+    assert src.read_text() == LOOP
+
+
+# --------------------------------------------------------------------- the check itself
+def _records(**kw: object) -> PlanRecords:
+    return PlanRecords(**kw)  # type: ignore[arg-type]
+
+
+SMALL = "x = 1\nif x:\n    print(x)\ny = 2\n"
+
+
+def test_check_accepts_planned_guard_and_insertion() -> None:
+    out = "x = 1\nz = 0\nif x:\n    if comm.rank == 0:\n        print(x)\ny = 2\n"
+    check_output(SMALL, out, _records(guarded={(3, "Expr"): ()}, inserted=["z = 0\n"]))
+
+
+@pytest.mark.parametrize(
+    ("out", "words"),
+    [
+        ("x = 1\nif x:\n    pass\ny = 2\n", "lost"),
+        ("x = 1\nif x:\n    print(x)\n    y = 2\n", "moved from under the module to under `if x:`"),
+        (
+            "x = 1\nif comm.rank == 0:\n    if x:\n        print(x)\ny = 2\n",
+            "moved from under the module to under `if comm.rank == 0:`",
+        ),
+        ("x = 1\nif x:\n    print(x)\nz = 0\ny = 2\n", "unplanned"),
+        ("x = 2\nif x:\n    print(x)\ny = 2\n", "lost"),
+    ],
+    ids=["lost", "moved", "unplanned-guard", "unplanned-insert", "changed"],
+)
+def test_check_rejects_what_the_plan_does_not_say(out: str, words: str) -> None:
+    with pytest.raises(VerificationError) as caught:
+        check_output(SMALL, out, _records())
+    assert words in caught.value.message
+
+
+def test_check_rejects_a_missing_planned_guard_and_insertion() -> None:
+    with pytest.raises(VerificationError, match="lost its planned rank guard"):
+        check_output(SMALL, SMALL, _records(guarded={(3, "Expr"): ()}))
+    with pytest.raises(VerificationError, match="planned insertion"):
+        check_output(SMALL, SMALL, _records(inserted=["z = 0\n"]))
+
+
+# --------------------------------------------------------------------- deadlocks
+HELPERS = textwrap.dedent(
+    """\
+    import chainer
+
+
+    def load_test_iterator(batchsize):
+        _, test = chainer.datasets.get_mnist()
+        return chainer.iterators.SerialIterator(test, batchsize, repeat=False, shuffle=False)
+
+
+    def accuracy(model, it):
+        return sum(len(batch) for batch in it)
+    """
+)
+
+TRAIN = textwrap.dedent(
+    """\
+    import argparse
+
+    import chainer
+    import chainer.links as L
+    from chainer import training
+    from chainer.training import extensions
+
+    from helpers import accuracy, load_test_iterator
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--batchsize', type=int, default=32)
+        args = parser.parse_args()
+        model = L.Classifier(L.Linear(None, 10))
+        optimizer = chainer.optimizers.SGD()
+        optimizer.setup(model)
+        train, _ = chainer.datasets.get_mnist()
+        train_iter = chainer.iterators.SerialIterator(train, args.batchsize)
+        updater = training.StandardUpdater(train_iter, optimizer)
+        trainer = training.Trainer(updater, (1, 'epoch'))
+        trainer.extend(extensions.LogReport())
+        trainer.run()
+        print('test accuracy', accuracy(model, load_test_iterator(args.batchsize)))
+
+
+    if __name__ == '__main__':
+        main()
+    """
+)
+
+
+def _mn301(outputs: dict[str, str]) -> list[str]:
+    external = project_collectives(outputs)
+    return [
+        f"{path}:{d.line}"
+        for path, text in outputs.items()
+        for d in lint_source(text, path, select=["MN301"], external_collectives=external)
+    ]
+
+
+def test_a_call_that_now_reaches_a_collective_is_not_guarded() -> None:
+    results = convert_sources({"proj/train.py": TRAIN, "proj/helpers.py": HELPERS})
+    assert [r.error for r in results] == [None, None]
+    outputs = {r.path: r.output or "" for r in results}
+    assert "scatter_dataset" in outputs["proj/helpers.py"]
+    assert _mn301(outputs) == []
+    main = next(
+        s
+        for s in ast.parse(outputs["proj/train.py"]).body
+        if isinstance(s, ast.FunctionDef) and s.name == "main"
+    )
+    last = main.body[-1]
+    assert isinstance(last, ast.Expr) and ast.unparse(last).startswith("print('test accuracy'")
+    notes = [e for r in results for e in r.entries if e.severity == "needs-person"]
+    assert any("load_test_iterator" in e.message for e in notes)
+
+
+def test_lint_follows_calls_into_other_files() -> None:
+    guarded = TRAIN.replace(
+        "    print('test accuracy'", "    if comm.rank == 0:\n        print('test accuracy'"
+    ).replace(
+        "    args = parser.parse_args()\n",
+        "    args = parser.parse_args()\n    comm = mn.create_communicator()\n",
+    )
+    guarded = "from mnify import runtime as mn\n" + guarded
+    helpers = HELPERS.replace(
+        "    return chainer", "    test = mn.scatter_dataset(test, comm)\n    return chainer"
+    )
+    helpers = "from mnify import runtime as mn\n" + helpers
+    found = _mn301({"train.py": guarded, "helpers.py": helpers})
+    assert len(found) == 1 and found[0].startswith("train.py:")
+    assert _mn301({"train.py": guarded}) == []  # without the helper's file it is invisible
+
+
+ALREADY = textwrap.dedent(
+    """\
+    import chainer
+    import chainermn
+
+
+    def main():
+        comm = chainermn.create_communicator('naive')
+        if comm.rank == 0:
+            train, _ = chainer.datasets.get_mnist()
+            debug_iter = chainer.iterators.SerialIterator(train, 8)
+            print(debug_iter.next())
+        else:
+            train = None
+        train = chainermn.scatter_dataset(train, comm)
+        train_iter = chainer.iterators.SerialIterator(train, 8)
+
+
+    if __name__ == '__main__':
+        main()
+    """
+)
+
+
+def test_no_collective_is_inserted_under_an_existing_rank_check() -> None:
+    result = convert_source(ALREADY)
+    assert result.error is None
+    assert result.output is not None
+    assert _mn301({"a.py": result.output}) == []
+    tree = ast.parse(result.output)
+    main = next(s for s in tree.body if isinstance(s, ast.FunctionDef))
+    rank_if = next(s for s in main.body if isinstance(s, ast.If))
+    assert "scatter_dataset" not in ast.unparse(rank_if)
+
+
+LATER = textwrap.dedent(
+    """\
+    import argparse
+    import chainer
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--small', action='store_true')
+        args = parser.parse_args()
+        for epoch in range(2):
+            if epoch == 1:
+                train_iter = chainer.iterators.SerialIterator(train, 2)
+                print(train_iter.next())
+            train = chainer.datasets.TupleDataset([1, 2], [3, 4])
+
+
+    if __name__ == '__main__':
+        main()
+    """
+)
+
+
+def test_a_dataset_is_scattered_only_where_its_assignment_dominates() -> None:
+    result = convert_source(LATER)
+    assert result.error is None and result.output is not None
+    assert "scatter_dataset" not in result.output
+    notes = [e.message for e in result.entries if e.severity == "needs-person"]
+    assert any("not surely assigned" in m for m in notes)
