@@ -3,10 +3,12 @@
 The fake performs each NCCL call pure_nccl makes (raw device pointers, element counts, NCCL
 dtypes, in-place buffers) with MPI on the memory behind those pointers, and the CUDA kernels are
 replaced by their numpy twins. What is checked is everything above the library: the lazy
-communicator with its MPI-broadcast unique id, bucket packing with the 1/size scale and the
-fp16 wire dtype, padding for uneven allgathers, the root-decides header of bcast, in-place
-bcast_data, the fallbacks to the MPI path, the watchdog wait, and finalize. Real GPUs: see
-tests/gpu and scripts/gpu_check.sh.
+communicator with its MPI-broadcast unique id (in CuPy 14's bytes and CuPy 13's tuple form),
+the device each rank picks and selects (every GPU visible, or one per rank through
+CUDA_VISIBLE_DEVICES), bucket packing with the 1/size scale (ncclAvg where NCCL has it) and the
+fp16 wire dtype, strided gradients copied before the side stream's event, padding for uneven
+allgathers, the root-decides header of bcast, in-place bcast_data, the fallbacks to the MPI
+path, the watchdog wait, and finalize. Real GPUs: see tests/gpu and scripts/gpu_check.sh.
 """
 
 from __future__ import annotations
@@ -45,7 +47,11 @@ assert nccl_status()[0], nccl_status()
 comm = create_communicator("pure_nccl")
 r, n = comm.rank, comm.size
 check("identity", isinstance(comm, PureNcclCommunicator) and comm.device_id == comm.intra_rank)
+check("device selected", cupy.cuda.Device().id == comm.device_id)
 check("lazy", calls == [], calls)
+avg = cupy.cuda.nccl.get_version() >= 21000
+mean_op = ":avg" if avg else ""
+print("CHECK cupy", cupy.__version__.split(".")[0], "ncclAvg", avg)
 
 class P:
     def __init__(self, data, grad):
@@ -68,18 +74,42 @@ def model_of(rank, dtype=np.float32):
 # -- multi_node_mean_grad: one packed float32 bucket, 1/size fused
 model = model_of(r)
 comm.multi_node_mean_grad(model)
-check("nccl created once", calls[:1] == ["init"], calls)
+check("nccl created once, on this rank's device", calls[:1] == [f"init:dev{r}"], calls)
 expect = {k: np.mean([grads_of(q)[k] for q in range(n)], axis=0) for k in model.params}
 for k, p in model.params.items():
     check(f"mean_grad {k}", isinstance(p.grad, cupy.ndarray) and np.allclose(cupy.asnumpy(p.grad), expect[k], rtol=1e-6, atol=1e-6))
 total = sum(v.size for v in grads_of(0).values())
-check("one bucket one allreduce", calls[1:] == [f"allReduce:7:{total}"], calls)
+check("one bucket one allreduce", calls[1:] == [f"allReduce:7:{total}{mean_op}"], calls)
 
 # zero_fill: a missing grad becomes zeros on every rank and is reduced with the rest
 model = model_of(r)
 model.params["a/b"].grad = None
 comm.multi_node_mean_grad(model, zero_fill=True, stream=cupy.cuda.Stream(non_blocking=True))
 check("zero_fill", np.array_equal(cupy.asnumpy(model.params["a/b"].grad), np.zeros(7, np.float32)))
+
+# a strided gradient on a side stream: its contiguous copy is queued before the event that
+# the side stream waits on (else the reduction could read it half-written)
+model = model_of(r)
+wide = cupy.asarray(np.stack([grads_of(r)["m/g"]] * 2, axis=-1))
+model.params["m/g"].grad = wide[..., 0]
+side = cupy.cuda.Stream(non_blocking=True)
+cupy.timeline.clear()
+comm.multi_node_mean_grad(model, stream=side)
+line = cupy.timeline
+copy_at = max(i for i, e in enumerate(line) if e.startswith("copy:"))
+wait_at = line.index(f"wait:{side.ptr}")
+check("strided copy before the event", copy_at < wait_at - 1 and line[wait_at - 1].startswith("record:"), line)
+check("strided mean", np.allclose(cupy.asnumpy(wide[..., 0]), expect["m/g"], rtol=1e-6, atol=1e-6))
+
+# a stream made under another device is refused with both devices named
+with cupy.cuda.Device((comm.device_id + 1) % 4):
+    elsewhere = cupy.cuda.Stream(non_blocking=True)
+try:
+    comm.multi_node_mean_grad(model_of(r), stream=elsewhere)
+except ValueError as exc:
+    check("foreign stream refused", f"runs on device {comm.device_id}" in str(exc), exc)
+else:
+    raise AssertionError("a stream of another device was accepted")
 
 # -- all_reduce over a list, in place, with division; non-contiguous and mixed dtypes
 base = cupy.asarray(np.arange(24, dtype=np.float64).reshape(4, 6) * (r + 1))
@@ -138,7 +168,7 @@ model = model_of(r)
 c16.multi_node_mean_grad(model)
 for k, p in model.params.items():
     check(f"fp16 {k}", p.grad.dtype == np.float32 and np.allclose(cupy.asnumpy(p.grad), expect[k], rtol=2e-3, atol=2e-3))
-check("fp16 wire", calls[-1] == f"allReduce:6:{total}", calls[-1])
+check("fp16 wire, scale fused into packing", calls[-1] == f"allReduce:6:{total}", calls[-1])
 c16.finalize()
 
 # -- explicit bucket_bytes: arrays split across several buckets
@@ -147,8 +177,10 @@ model = model_of(r)
 cb.multi_node_mean_grad(model)
 for k, p in model.params.items():
     check(f"buckets {k}", np.allclose(cupy.asnumpy(p.grad), expect[k], rtol=1e-6, atol=1e-6))
-sizes = [int(c.split(":")[2]) for c in calls if c.startswith("allReduce:7:")][-((total + 15) // 16):]
-check("buckets of 16 floats", sum(sizes) == total and max(sizes) == 16, sizes)
+# the host's planner: 22 and 135 floats (at least half a bucket) in buckets of their own,
+# split evenly (11+11, 9 x 15), reduced in place; the 7 floats packed alone; 0 skipped
+sizes = [int(c.split(":")[2]) for c in calls if c.startswith("allReduce:7:")][-12:]
+check("buckets of at most 16 floats", sizes == [11, 11] + [15] * 9 + [7], sizes)
 cb.finalize()
 
 comm.finalize()
@@ -156,14 +188,67 @@ check("finalize destroys", calls.count("destroy") == 3, calls)
 """
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_pure_nccl_logic_on_fake_devices(ranks: int) -> None:
-    env = {"MNIFY_WATCHDOG_TIMEOUT": "60", "MNIFY_DEBUG": "1"} if ranks == 2 else None
+@pytest.mark.parametrize(
+    ("ranks", "cupy_version", "nccl_version"),
+    [(2, "14.2.0", "22304"), (3, "13.6.0", "20903")],
+    ids=["cupy14-nccl2.23-debug-watchdog", "cupy13-nccl2.9"],
+)
+def test_pure_nccl_logic_on_fake_devices(ranks: int, cupy_version: str, nccl_version: str) -> None:
+    env = {"FAKE_CUPY_VERSION": cupy_version, "FAKE_NCCL_VERSION": nccl_version}
+    if ranks == 2:
+        env |= {"MNIFY_WATCHDOG_TIMEOUT": "60", "MNIFY_DEBUG": "1"}
     run = run_ranks(ranks, f"FAKE = {str(FAKE)!r}\n" + SCRIPT, timeout=180, env=env)
     expected = [line for line in run.rank_lines(0) if line.startswith("CHECK")]
     assert len(expected) > 30, run.output
+    major, avg = cupy_version.split(".")[0], int(nccl_version) >= 21000
+    assert f"CHECK cupy {major} ncclAvg {avg}" in expected, run.output
     for r in range(1, ranks):
         assert [ln for ln in run.rank_lines(r) if ln.startswith("CHECK")] == expected, run.output
+
+
+ISOLATED = r"""
+import os, sys, types
+from mpi4py import MPI
+rank = MPI.COMM_WORLD.Get_rank()
+# what CUDA_VISIBLE_DEVICES=<rank> gives each rank: one GPU, numbered 0, a bus of its own
+# (unless SAME_GPU: every rank sees the same single GPU)
+os.environ["FAKE_CUPY_DEVICES"] = "1"
+os.environ["FAKE_CUPY_FIRST_BUS"] = "0" if os.environ.get("SAME_GPU") else str(rank)
+sys.path.insert(0, FAKE)
+import numpy as np
+import cupy
+from mnify.runtime.kernels import host
+shim = types.ModuleType("mnify.runtime.kernels.device")
+shim.pack, shim.unpack = host.pack, host.unpack
+sys.modules["mnify.runtime.kernels.device"] = shim
+from mnify.runtime.communicators import create_communicator
+
+try:
+    comm = create_communicator("pure_nccl")
+except RuntimeError as exc:
+    print("REFUSED", exc, flush=True)
+    raise SystemExit(0)
+assert comm.device_id == 0 and comm.intra_rank == rank, (comm.device_id, comm.intra_rank)
+x = comm.allreduce(cupy.asarray(np.full(3, rank + 1.0, np.float32)))
+assert cupy.asnumpy(x).tolist() == [sum(range(1, comm.size + 1))] * 3
+assert cupy.cuda.nccl.NcclCommunicator.calls[0] == "init:dev0"
+print("ISOLATED OK", comm.device_id, flush=True)
+comm.finalize()
+"""
+
+
+def test_ranks_isolated_by_cuda_visible_devices_each_use_device_0() -> None:
+    run = run_ranks(2, f"FAKE = {str(FAKE)!r}\n" + ISOLATED, timeout=120)
+    for r in range(2):
+        assert run.rank_lines(r) == ["ISOLATED OK 0"], run.output
+
+
+def test_two_ranks_on_one_gpu_are_refused_on_every_rank() -> None:
+    run = run_ranks(2, f"FAKE = {str(FAKE)!r}\n" + ISOLATED, timeout=120, env={"SAME_GPU": "1"})
+    for r in range(2):
+        (line,) = run.rank_lines(r)
+        assert line.startswith("REFUSED pure_nccl: ranks [0, 1]"), run.output
+        assert "CUDA_VISIBLE_DEVICES" in line, run.output
 
 
 HANG = r"""

@@ -7,7 +7,13 @@ import pytest
 
 from mnify.runtime import debug, watchdog
 from mnify.runtime.communicators import shared_memory
-from mnify.runtime.communicators.buckets import BucketPlan, PlanCache
+from mnify.runtime.communicators.buckets import (
+    BucketPlan,
+    PlanCache,
+    ScalePlacement,
+    place_scale,
+    plan_buckets,
+)
 from mnify.runtime.communicators.topology import Topology
 from mnify.runtime.debug import CallSignature
 
@@ -159,3 +165,37 @@ def test_copies_of_a_model_share_its_communicator() -> None:
     clone = copy.deepcopy(holder)
     assert clone["comm"] is comm and copy.copy(comm) is comm
     assert clone["weights"] is not holder["weights"]
+
+
+def test_one_scale_policy_for_host_and_device() -> None:
+    f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
+    # NCCL averages a 1/size mean on float32/float64 wires: nothing else scales
+    assert place_scale(0.25, f32, average_over=4) == ScalePlacement(1.0, True)
+    assert place_scale(0.5, np.dtype(np.float64), average_over=2) == ScalePlacement(1.0, True)
+    # float16 wires: packing scales in float32 and rounds once, better than a float16 factor
+    assert place_scale(0.25, f16, average_over=4) == ScalePlacement(0.25, False)
+    # no averaging reduction (MPI, shared memory), or a scale that is not 1/size: before the sum
+    assert place_scale(0.25, f32) == ScalePlacement(0.25, False)
+    assert place_scale(0.1, f32, average_over=4) == ScalePlacement(0.1, False)
+    assert place_scale(1.0, f32, average_over=4) == ScalePlacement(1.0, False)
+
+
+def test_in_place_buckets_are_scaled_before_the_sum() -> None:
+    """A float16 bucket reduced in its own memory: summing first would overflow, the mean
+    does not."""
+    big = np.full(64, 40000.0, dtype=np.float16)
+    plan = BucketPlan.build([big.size], np.dtype(np.float16), 64 * 2)
+    seen: list[float] = []
+
+    def double(buf: np.ndarray) -> None:  # two equal ranks
+        seen.append(float(buf.max()))
+        buf += buf
+
+    plan.run([big], double, scale=0.5)
+    assert seen == [20000.0] and np.all(big == 40000.0)
+
+
+def test_planner_with_no_bucket_size_packs_everything_in_one() -> None:
+    assert plan_buckets([4, 0, 9], None) == [[(0, 0, 4), (2, 0, 9)]]
+    plan = BucketPlan.build([4, 0, 9], np.dtype(np.float32), None)
+    assert plan.buckets == [[(0, 0, 4), (2, 0, 9)]] and plan.buffer.size == 13

@@ -1,16 +1,23 @@
 """``pure_nccl``: collectives on CuPy arrays through NCCL, one NCCL communicator over all ranks.
 
-ChainerMN's ``pure_nccl``. Each rank drives the GPU ``intra_rank`` of its host. The NCCL
-communicator is created lazily, at the first collective that needs it: rank 0 makes the unique
-id, MPI broadcasts it, every rank joins (``ncclCommInitRank``). GPU work is queued on the
-caller's current CuPy stream (or the ``stream`` given), so it orders after the kernels that
-produced the data and the host does not wait for it.
+ChainerMN's ``pure_nccl``. Each rank drives one GPU, chosen from what the process sees
+(:func:`choose_device`: GPU ``intra_rank`` when every rank of a host sees all of them, GPU 0
+when ``CUDA_VISIBLE_DEVICES`` gives each rank its own) and made current at construction, so the
+caller's arrays and streams land on it; two ranks of a host on one GPU are refused then, as
+NCCL would refuse them later. The NCCL communicator is created lazily, at the first collective
+that needs it: rank 0 makes the unique id, MPI broadcasts its 128 bytes, every rank joins
+(``ncclCommInitRank``; CuPy 14 takes the id as ``bytes``, CuPy 13 as a tuple of C chars). GPU
+work is queued on the caller's current CuPy stream (or the ``stream`` given), so it orders after
+the kernels that produced the data and the host does not wait for it.
 
-- Gradient averaging packs every gradient into a device bucket with one kernel launch (cast to
-  ``allreduce_grad_dtype`` and, for narrow wire dtypes, the 1/size scale fused so float16 sums
-  do not overflow), all-reduces it with NCCL, and unpacks it with one launch (cast back, scale
-  fused when not already applied). Without an explicit ``bucket_bytes`` everything is one
-  bucket: NCCL pipelines large buffers itself.
+- Gradient averaging cuts the gradients into buckets with the host communicators' planner
+  (:mod:`~mnify.runtime.communicators.buckets`): without an explicit ``bucket_bytes`` everything
+  is one bucket (NCCL pipelines large buffers itself). A bucket is packed with one kernel
+  launch (cast to ``allreduce_grad_dtype``), all-reduced with NCCL, and unpacked with one
+  launch; a bucket that is one array already in the wire dtype is reduced in place. The 1/size
+  of the mean is NCCL's own average (``ncclAvg``, NCCL >= 2.10) on float32/float64 wires, and
+  otherwise fused into packing (or applied in place), before the sum, so float16 sums do not
+  overflow (:func:`~mnify.runtime.communicators.buckets.place_scale`).
 - ``allreduce``, ``all_reduce``, ``bcast``, ``bcast_data``, ``allgather`` and ``alltoall``
   (grouped NCCL send/recv) run on NCCL when given CuPy arrays; numpy arrays, dtypes NCCL
   cannot reduce, and the rest (``gather``, ``scatter``, ``send``/``recv``, the object
@@ -37,6 +44,7 @@ from mpi4py import MPI
 from mnify.runtime import kernels
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators.base import CommunicatorBase, _params, grads_to_reduce
+from mnify.runtime.communicators.buckets import place_scale, reduced_in_place
 from mnify.runtime.debug import CallSignature
 from mnify.runtime.errors import CollectiveTimeout
 
@@ -61,7 +69,9 @@ NCCL_OPS: dict[str, str] = {
 # wire dtypes for gradient buckets (what the pack kernel can write)
 WIRE_DTYPES = frozenset({"float16", "float32", "float64"})
 
-Piece = tuple[int, int, int]  # (array index, first element, one past the last)
+# NCCL_VERSION_CODE of the first release with ncclAvg (2.10.0)
+NCCL_AVG_SINCE = 21000
+UNIQUE_ID_BYTES = 128
 
 
 def format_nccl_version(code: int) -> str:
@@ -102,29 +112,57 @@ def nccl_status() -> tuple[bool, str]:
     return True, f"CuPy {version}, NCCL {nccl_version}, {count} CUDA device(s)"
 
 
-def device_buckets(sizes: Sequence[int], per_bucket: int | None) -> list[list[Piece]]:
-    """Cut arrays of ``sizes`` elements, in order, into buckets of at most ``per_bucket``
-    elements (an array may span buckets); ``None`` puts everything in one bucket."""
-    total = sum(sizes)
-    if per_bucket is None or per_bucket >= total:
-        pieces = [(i, 0, n) for i, n in enumerate(sizes) if n]
-        return [pieces] if pieces else []
-    buckets: list[list[Piece]] = []
-    current: list[Piece] = []
-    room = per_bucket
-    for index, size in enumerate(sizes):
-        start = 0
-        while start < size:
-            take = min(room, size - start)
-            current.append((index, start, start + take))
-            start += take
-            room -= take
-            if room == 0:
-                buckets.append(current)
-                current, room = [], per_bucket
-    if current:
-        buckets.append(current)
-    return buckets
+def choose_device(intra_rank: int, visible: int) -> int:
+    """The CUDA device (as this process numbers them) for the rank ``intra_rank`` of a host.
+
+    Every rank seeing all of the host's GPUs: GPU ``intra_rank``. Ranks isolated with
+    ``CUDA_VISIBLE_DEVICES`` see one GPU each: GPU 0. In between (each rank sees a group of
+    GPUs), ``intra_rank`` modulo what it sees; a clash is caught by the bus-id check.
+    """
+    if visible <= 0:
+        raise RuntimeError("pure_nccl: no CUDA device is visible to this process")
+    return intra_rank % visible
+
+
+def unique_id_bytes(uid: bytes | Sequence[int]) -> bytes:
+    """The 128 bytes of an NCCL unique id as CuPy returned it: ``bytes`` (CuPy >= 14) or a
+    tuple of C ``char`` values, negative where ``char`` is signed (CuPy 13)."""
+    raw = bytes(uid) if isinstance(uid, bytes | bytearray) else bytes(int(c) & 0xFF for c in uid)
+    if len(raw) != UNIQUE_ID_BYTES:
+        raise ValueError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(raw)}")
+    return raw
+
+
+def cupy_major(version: str) -> int:
+    """The major version of a CuPy version string (``"14.0.0rc1"`` -> 14; 0 if unreadable)."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def join_nccl(nccl: Any, cupy_version: str, ndev: int, uid: bytes, rank: int) -> Any:
+    """``NcclCommunicator(ndev, id, rank)`` with the id in the form this CuPy takes.
+
+    CuPy >= 14 declares ``bytes commId``. CuPy 13 declares ``tuple commId`` and stores each item
+    into a C ``char``: signed on x86-64 (values -128..127), unsigned on aarch64 (0..255), so a
+    value out of range raises OverflowError before NCCL is called, and the other form is tried.
+    """
+    if cupy_major(cupy_version) >= 14:
+        return nccl.NcclCommunicator(ndev, uid, rank)
+    signed = tuple(b - 256 if b > 127 else b for b in uid)
+    try:
+        return nccl.NcclCommunicator(ndev, signed, rank)
+    except OverflowError:
+        return nccl.NcclCommunicator(ndev, tuple(uid), rank)
+
+
+def can_average(nccl: Any) -> bool:
+    """Whether reductions can use ``ncclAvg``: CuPy names it and the loaded NCCL has it."""
+    if not hasattr(nccl, "NCCL_AVG"):
+        return False
+    try:
+        return int(nccl.get_version()) >= NCCL_AVG_SINCE
+    except Exception:
+        return False
 
 
 def _describe(x: Any) -> tuple[bool, str, tuple[int, ...]]:
@@ -173,28 +211,48 @@ class PureNcclCommunicator(CommunicatorBase):
         self._cupy = cupy
         self._nccl = nccl
         count = int(cupy.cuda.runtime.getDeviceCount())
-        self.device_id = self.intra_rank if device is None else int(device)
+        self.device_id = choose_device(self.intra_rank, count) if device is None else int(device)
         if not 0 <= self.device_id < count:
             raise RuntimeError(
-                f"pure_nccl: rank {self.rank} on host {self.host_name!r} needs GPU "
-                f"{self.device_id} (its intra_rank) but only {count} device(s) are visible: "
-                "start at most one rank per GPU on each host"
+                f"pure_nccl: rank {self.rank} on host {self.host_name!r} was given GPU "
+                f"{self.device_id} but only {count} device(s) are visible to it"
             )
         self._device = cupy.cuda.Device(self.device_id)
+        # current from now on: the caller's arrays and streams are made on this GPU
+        self._device.use()
+        self._refuse_shared_gpus()
         # None: one bucket for everything (bucket_bytes not given explicitly)
         self._device_bucket_bytes: int | None = int(bucket_bytes) if bucket_bytes else None
+        self._can_average = can_average(nccl)
         self._nccl_comm: Any = None
-        self._buffers: dict[tuple[str, int], Any] = {}
+
+    def _refuse_shared_gpus(self) -> None:
+        """Collective: raise on every rank when two ranks of a host drive one GPU (NCCL
+        refuses that only later, inside ncclCommInitRank, as "Duplicate GPU detected")."""
+        try:
+            bus = str(self._device.pci_bus_id)
+        except Exception:  # no bus id from this driver: nothing to compare
+            bus = ""
+        seen = self.mpi_comm.allgather((self.host_name, bus))
+        mine = (self.host_name, bus)
+        sharing = [r for r, entry in enumerate(seen) if entry == mine]
+        if bus and len(sharing) > 1:
+            raise RuntimeError(
+                f"pure_nccl: ranks {sharing} on host {self.host_name!r} all use the GPU at PCI "
+                f"bus {bus}; NCCL needs one GPU per rank. Start at most as many ranks per host "
+                "as it has GPUs, or give each rank its own with CUDA_VISIBLE_DEVICES."
+            )
 
     # -- NCCL plumbing ------------------------------------------------------------------------------
 
     def _nccl_communicator(self) -> Any:
         """The NCCL communicator, created on first use (collective over all ranks)."""
         if self._nccl_comm is None:
-            uid = self._nccl.get_unique_id() if self.rank == 0 else None
-            uid = pickle.loads(self._bcast_bytes(pickle.dumps(uid) if uid else None, root=0))
+            mine = unique_id_bytes(self._nccl.get_unique_id()) if self.rank == 0 else None
+            uid = self._bcast_bytes(mine, root=0)
+            version = str(getattr(self._cupy, "__version__", ""))
             with self._device:
-                self._nccl_comm = self._nccl.NcclCommunicator(self.size, tuple(uid), self.rank)
+                self._nccl_comm = join_nccl(self._nccl, version, self.size, uid, self.rank)
         return self._nccl_comm
 
     def _nccl_dtype(self, dtype: Any) -> int:
@@ -205,6 +263,17 @@ class PureNcclCommunicator(CommunicatorBase):
 
     def _stream(self, stream: Any) -> Any:
         return stream if stream is not None else self._cupy.cuda.get_current_stream()
+
+    def _check_stream(self, stream: Any) -> None:
+        """A stream made under another device cannot be entered under this one (CuPy raises
+        deep inside); say which devices instead."""
+        made_on = getattr(stream, "device_id", -1)
+        if stream is not None and made_on not in (-1, self.device_id):
+            raise ValueError(
+                f"pure_nccl runs on device {self.device_id} but the stream given was made on "
+                f"device {made_on}; make it after creating the communicator (which selects its "
+                "device) or under `with cupy.cuda.Device(comm.device_id):`"
+            )
 
     def _after_current(self, stream: Any) -> Any:
         """``stream`` (default: the current one), made to wait for the work already queued on
@@ -243,14 +312,10 @@ class PureNcclCommunicator(CommunicatorBase):
             except Exception:
                 comm.destroy()
 
-    def _buffer(self, dtype: Any, size: int, stream: Any) -> Any:
-        """A reusable device buffer of at least ``size`` elements, one per (dtype, stream)."""
-        key = (np.dtype(dtype).name, int(stream.ptr))
-        buf = self._buffers.get(key)
-        if buf is None or buf.size < size:
-            buf = self._cupy.empty(size, dtype=dtype)
-            self._buffers[key] = buf
-        return buf[:size]
+    def _allocate(self, n: int, dtype: np.dtype[Any]) -> Any:
+        """A plan's staging buffer on this communicator's GPU."""
+        with self._device:
+            return self._cupy.empty(n, dtype=dtype)
 
     def _on_device(self, arrays: Sequence[Any]) -> bool:
         return bool(arrays) and all(arr.is_cupy(a) for a in arrays)
@@ -258,19 +323,18 @@ class PureNcclCommunicator(CommunicatorBase):
     # -- reductions -------------------------------------------------------------------------------
 
     def _reduce_device(self, arrays: list[Any], scale: float, stream: Any = None) -> None:
-        """Sum CuPy ``arrays`` over ranks in place, times ``scale``: packed buckets, NCCL."""
+        """Sum CuPy ``arrays`` over ranks in place, times ``scale``: planned buckets, NCCL."""
         cupy = self._cupy
         with self._device:
-            stream = self._after_current(stream)
-            comm = self._nccl_communicator()
-            started = time.monotonic()
+            self._check_stream(stream)
             wire = self.allreduce_grad_dtype or np.result_type(*[a.dtype for a in arrays])
             wire = np.dtype(wire)
             if wire.name not in WIRE_DTYPES:  # integer arrays: reduce in float64, exact enough
                 wire = np.dtype(np.float64)
-            # scale before summing when the wire is narrower than float32 (no float16 overflow)
-            pre = scale if wire.itemsize < 4 else 1.0
-            post = 1.0 if wire.itemsize < 4 else scale
+            placement = place_scale(scale, wire, self.size if self._can_average else None)
+            op = self._nccl.NCCL_AVG if placement.average else self._nccl_op("sum")
+            # contiguous twins of strided arrays are made on the current stream *before* the
+            # event the reducing stream waits on, so it never reads them half-written
             flats: list[Any] = []
             write_back: list[tuple[Any, Any]] = []
             for a in arrays:
@@ -280,31 +344,32 @@ class PureNcclCommunicator(CommunicatorBase):
                     tmp = cupy.ascontiguousarray(a)
                     write_back.append((a, tmp))
                     flats.append(tmp.reshape(-1))
-            per_bucket = (
-                None
-                if self._device_bucket_bytes is None
-                else max(1, self._device_bucket_bytes // wire.itemsize)
+            stream = self._after_current(stream)
+            comm = self._nccl_communicator()
+            started = time.monotonic()
+            plan = self._plans.get(
+                flats,
+                wire,
+                self._device_bucket_bytes,
+                tag=("nccl", int(stream.ptr)),  # one staging buffer per stream
+                allocate=self._allocate,
             )
-            buckets = device_buckets([int(f.size) for f in flats], per_bucket)
-            largest = max((sum(hi - lo for _, lo, hi in b) for b in buckets), default=0)
+            nccl_wire = self._nccl_dtype(wire)
             with stream:
-                buf_all = self._buffer(wire, largest, stream)
-                for bucket in buckets:
-                    views = [flats[i][lo:hi] for i, lo, hi in bucket]
-                    n = sum(hi - lo for _, lo, hi in bucket)
-                    buf = buf_all[:n]
-                    kernels.pack(views, buf, pre)
-                    comm.allReduce(
-                        buf.data.ptr,
-                        buf.data.ptr,
-                        n,
-                        self._nccl_dtype(wire),
-                        self._nccl_op("sum"),
-                        stream.ptr,
-                    )
-                    kernels.unpack(buf, views, post)
-                for target, tmp in write_back:
-                    target[...] = tmp
+                for views, buf in plan.pieces(flats):
+                    if reduced_in_place(views, wire):
+                        target = views[0]
+                        if placement.before != 1.0:
+                            kernels.unpack(target, [target], placement.before)
+                    else:
+                        target = buf
+                        kernels.pack(views, buf, placement.before)
+                    ptr = target.data.ptr
+                    comm.allReduce(ptr, ptr, int(target.size), nccl_wire, op, stream.ptr)
+                    if target is buf:
+                        kernels.unpack(buf, views)
+                for original, tmp in write_back:
+                    original[...] = tmp
             self._settle(stream, started)
 
     def allreduce(self, x: Any, op: str = "sum") -> Any:
@@ -509,5 +574,5 @@ class PureNcclCommunicator(CommunicatorBase):
                 self._stream(None).synchronize()
                 comm, self._nccl_comm = self._nccl_comm, None
                 comm.destroy()
-        self._buffers.clear()
+        self._plans.clear()
         super().finalize()

@@ -6,6 +6,15 @@ NCCL call with MPI on views made from those raw addresses -- the same pointer/co
 pure_nccl makes to the real library. Streams and events are immediate. The test replaces the
 CUDA kernels with their numpy twins. Only COMM_WORLD-wide NCCL communicators are supported
 (ncclCommInitRank is emulated with a collective Dup of COMM_WORLD).
+
+It follows CuPy 14 (``get_unique_id()`` returns ``bytes``, ``NcclCommunicator`` takes ``bytes``);
+``FAKE_CUPY_VERSION=13.6.0`` switches to CuPy 13 (a tuple of 128 C ``char`` values, signed as on
+x86-64, and a ``tuple`` argument), each checked the way CuPy's Cython signature checks it. Devices
+follow CUDA: ``FAKE_CUPY_DEVICES`` are visible (default 4), one is current, a stream belongs to
+the device current when it was made and entering it under another raises as CuPy does, and
+NCCL refuses two ranks on one GPU (PCI bus ids: device d of a process is bus
+``FAKE_CUPY_FIRST_BUS + d``). ``FAKE_NCCL_VERSION`` is the library's version code (default
+2.23.4); ``ncclAvg`` exists from 2.10 on.
 """
 
 from __future__ import annotations
@@ -19,7 +28,26 @@ from typing import Any
 
 import numpy as np
 
-__version__ = "0.0-fake"
+__version__ = os.environ.get("FAKE_CUPY_VERSION", "14.2.0")
+_CUPY_MAJOR = int(__version__.split(".")[0])
+
+
+class CUDARuntimeError(RuntimeError):
+    pass
+
+
+_current_device = 0
+
+
+def _visible() -> int:
+    return int(os.environ.get("FAKE_CUPY_DEVICES", "4"))
+
+
+def _set_device(device: int) -> None:
+    global _current_device
+    if not 0 <= device < _visible():
+        raise CUDARuntimeError("cudaErrorInvalidDevice: invalid device ordinal")
+    _current_device = device
 
 
 class _Memory:
@@ -31,17 +59,25 @@ class _Memory:
 
 
 class Device:
-    def __init__(self, device: int | None = None) -> None:
-        self.id = 0 if device is None else int(device)
+    def __init__(self, device: int | Device | None = None) -> None:
+        self.id = _current_device if device is None else int(getattr(device, "id", device))
+        self._outer: list[int] = []
 
     def __enter__(self) -> Device:
+        self._outer.append(_current_device)
+        _set_device(self.id)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        _set_device(self._outer.pop())
 
-    def use(self) -> None:
-        return None
+    def use(self) -> Device:
+        _set_device(self.id)
+        return self
+
+    @property
+    def pci_bus_id(self) -> str:
+        return f"0000:{int(os.environ.get('FAKE_CUPY_FIRST_BUS', '0')) + self.id:02x}:00.0"
 
 
 class ndarray(np.ndarray):  # noqa: N801 - CuPy's name
@@ -49,9 +85,13 @@ class ndarray(np.ndarray):  # noqa: N801 - CuPy's name
     def data(self) -> _Memory:
         return _Memory(int(self.ctypes.data))
 
+    def __array_finalize__(self, obj: Any) -> None:
+        # views keep their base's device; new arrays live on the current one
+        self._device_id: int = getattr(obj, "_device_id", _current_device)
+
     @property  # type: ignore[override]
     def device(self) -> Device:
-        return Device(0)
+        return Device(self._device_id)
 
     def get(self) -> np.ndarray:
         return np.array(self.view(np.ndarray), copy=True)
@@ -71,7 +111,14 @@ def array(x: Any, dtype: Any = None, order: str = "K", copy: bool = True) -> nda
     return _wrap(np.array(np.asarray(x), dtype=dtype, order=order, copy=True))
 
 
+# what was queued on which stream, in order: "copy:<stream>" (a strided array made contiguous),
+# "record:<stream>" (an event), "wait:<stream>" (a stream waiting on an event); tests read it
+timeline: list[str] = []
+
+
 def ascontiguousarray(x: Any) -> ndarray:
+    if not np.asarray(x).flags.c_contiguous:
+        timeline.append(f"copy:{_stream.ptr}")
     return _wrap(np.ascontiguousarray(x))
 
 
@@ -129,15 +176,27 @@ def asnumpy(x: Any) -> np.ndarray:
 class Stream:
     _next = 1
 
-    def __init__(self, non_blocking: bool = False) -> None:
+    def __init__(self, non_blocking: bool = False, *, _device_id: int | None = None) -> None:
         self.ptr = Stream._next
         Stream._next += 1
+        # -1: the null stream, usable under any device (as CuPy's Stream.null)
+        self.device_id = _current_device if _device_id is None else _device_id
+        self._entered: list[Stream] = []
 
     def __enter__(self) -> Stream:
+        if self.device_id not in (-1, _current_device):  # CuPy's check_stream_device_match
+            raise RuntimeError(
+                f"The device that the stream is created on ({self.device_id}) does not match "
+                f"with the current device ({_current_device})"
+            )
+        global _stream
+        self._entered.append(_stream)
+        _stream = self
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        global _stream
+        _stream = self._entered.pop()
 
     def synchronize(self) -> None:
         event = Event()
@@ -145,10 +204,12 @@ class Stream:
         event.synchronize()
 
     def wait_event(self, event: Any) -> None:
+        timeline.append(f"wait:{self.ptr}")
         assert event.done, "the fake runs every stream in order; nothing can be outstanding"
 
 
-_DEFAULT_STREAM = Stream()
+_DEFAULT_STREAM = Stream(_device_id=-1)
+_stream = _DEFAULT_STREAM
 
 
 class _InFlight:
@@ -173,6 +234,7 @@ class Event:
         self._waits_for: list[_InFlight] = []
 
     def record(self, stream: Any = None) -> None:
+        timeline.append(f"record:{(stream or _stream).ptr}")
         self._waits_for = [op for op in _in_flight if not op.complete]
 
     @property
@@ -189,13 +251,17 @@ def _get_elapsed_time(start: Event, stop: Event) -> float:
 
 
 def _get_current_stream() -> Stream:
-    return _DEFAULT_STREAM
+    return _stream
 
 
 class _Runtime:
     @staticmethod
     def getDeviceCount() -> int:  # noqa: N802 - CuPy's name
-        return int(os.environ.get("FAKE_CUPY_DEVICES", "4"))
+        return _visible()
+
+    @staticmethod
+    def getDevice() -> int:  # noqa: N802
+        return _current_device
 
     @staticmethod
     def getDeviceProperties(device: int) -> dict[str, Any]:  # noqa: N802
@@ -218,28 +284,90 @@ def _view(ptr: int, count: int, datatype: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, count=count)
 
 
+class NcclError(RuntimeError):
+    pass
+
+
+def _nccl_version() -> int:
+    return int(os.environ.get("FAKE_NCCL_VERSION", "22304"))
+
+
+def _check_unique_id(commId: Any) -> None:  # noqa: N803 - CuPy's name
+    """What CuPy's signature does with the id before NCCL sees it."""
+    if _CUPY_MAJOR >= 14:  # def __init__(self, int ndev, bytes commId, int rank, ...)
+        if not isinstance(commId, bytes):
+            raise TypeError(
+                f"Argument 'commId' has incorrect type (expected bytes, got {type(commId).__name__})"
+            )
+        if len(commId) != 128:
+            raise ValueError(f"commId length {len(commId)} != 128.")
+        return
+    # CuPy 13: def __init__(self, int ndev, tuple commId, int rank); each item into a C char
+    if not isinstance(commId, tuple):
+        raise TypeError(
+            f"Argument 'commId' has incorrect type (expected tuple, got {type(commId).__name__})"
+        )
+    assert len(commId) == 128
+    for c in commId:
+        if not -128 <= int(c) <= 127:  # char is signed on x86-64
+            raise OverflowError("value too large to convert to char")
+
+
+def _get_unique_id() -> Any:
+    raw = os.urandom(128)
+    if _CUPY_MAJOR >= 14:
+        return raw
+    return tuple(b - 256 if b > 127 else b for b in raw)
+
+
 class NcclCommunicator:
     calls: list[str] = []  # what pure_nccl asked NCCL for, in order (the test reads it)
 
-    def __init__(self, ndev: int, commId: tuple[int, ...], rank: int) -> None:  # noqa: N803
+    def __init__(self, ndev: int, commId: Any, rank: int) -> None:  # noqa: N803
         from mpi4py import MPI
 
-        assert len(commId) == 128
+        _check_unique_id(commId)
         assert ndev == MPI.COMM_WORLD.Get_size(), "the fake supports COMM_WORLD-wide comms only"
         assert rank == MPI.COMM_WORLD.Get_rank()
         self._comm = MPI.COMM_WORLD.Dup()
+        # ncclCommInitRank binds the current device; NCCL refuses two ranks on one GPU
+        self.device = _current_device
+        host = os.environ.get("MNIFY_HOSTNAME") or MPI.Get_processor_name()
+        bus = host + "/" + Device(self.device).pci_bus_id
+        buses = self._comm.allgather(bus)
+        if buses.count(bus) > 1:
+            self._comm.Free()
+            raise NcclError(f"ncclInvalidUsage: Duplicate GPU detected: {bus}")
         self._ops = {0: MPI.SUM, 1: MPI.PROD, 2: MPI.MAX, 3: MPI.MIN}
-        NcclCommunicator.calls.append("init")
+        NcclCommunicator.calls.append(f"init:dev{self.device}")
+
+    def _on_my_device(self) -> None:
+        assert _current_device == self.device, (
+            f"NCCL call under device {_current_device}, communicator on {self.device}"
+        )
 
     def allReduce(  # noqa: N802
         self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int
     ) -> None:
-        NcclCommunicator.calls.append(f"allReduce:{datatype}:{count}")
+        from mpi4py import MPI
+
+        self._on_my_device()
+        NcclCommunicator.calls.append(
+            f"allReduce:{datatype}:{count}" + (":avg" if op == NCCL_AVG else "")
+        )
         send = _view(sendbuf, count, datatype)
         recv = _view(recvbuf, count, datatype)
+        if op == NCCL_AVG:
+            if _nccl_version() < 21000:
+                raise NcclError("ncclInvalidArgument: invalid reduction operation")
+            # ncclAvg on floats is a pre-multiplied sum: each input times 1/n in its own dtype
+            factor = send.dtype.type(1.0 / self._comm.Get_size())
+            send, mpi_op = send * factor, MPI.SUM
+        else:
+            mpi_op = self._ops[op]
         wide = send.astype(np.float64) if send.dtype == np.float16 else send.copy()
         out = np.empty_like(wide)
-        request = self._comm.Iallreduce(wide, out, self._ops[op])
+        request = self._comm.Iallreduce(wide, out, mpi_op)
 
         def finish() -> None:
             recv[...] = out.astype(recv.dtype)
@@ -256,12 +384,14 @@ class NcclCommunicator:
             time.sleep(1e-4)
 
     def bcast(self, buff: int, count: int, datatype: int, root: int, stream: int) -> None:
+        self._on_my_device()
         NcclCommunicator.calls.append(f"bcast:{datatype}:{count}")
         self._comm.Bcast(_view(buff, count, datatype), root=root)
 
     def allGather(  # noqa: N802
         self, sendbuf: int, recvbuf: int, count: int, datatype: int, stream: int
     ) -> None:
+        self._on_my_device()
         NcclCommunicator.calls.append(f"allGather:{datatype}:{count}")
         recv = _view(recvbuf, count * self._comm.Get_size(), datatype)
         self._comm.Allgather(_view(sendbuf, count, datatype).copy(), recv)
@@ -313,12 +443,15 @@ def _module(name: str, **attrs: Any) -> types.ModuleType:
     return module
 
 
+NCCL_AVG = 4
 nccl = _module(
     "cupy.cuda.nccl",
     available=True,
-    get_version=lambda: 22304,
-    get_unique_id=lambda: tuple(int(b) - 128 for b in os.urandom(128)),
+    get_version=_nccl_version,
+    get_unique_id=_get_unique_id,
     NcclCommunicator=NcclCommunicator,
+    NcclError=NcclError,
+    NCCL_AVG=NCCL_AVG,
     groupStart=_group_start,
     groupEnd=_group_end,
     **{
@@ -342,4 +475,5 @@ cuda = _module(
     get_elapsed_time=_get_elapsed_time,
     runtime=_Runtime,
     nccl=nccl,
+    CUDARuntimeError=CUDARuntimeError,
 )
