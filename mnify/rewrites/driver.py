@@ -23,6 +23,7 @@ from mnify.rewrites import (
     communicator,
     dataset,
     device,
+    distributed,
     evaluator,
     forkserver,
     guards,
@@ -285,6 +286,14 @@ def _convert_project(
             path, module_name(path), source, wrapper, module, collector.facts, options
         )
         ctx.collective_callees = collective_callees
+        why = distributed.reason(ctx) if options.leave_distributed else None
+        if why is not None:
+            result.skipped = f"already distributed ({why})"
+            result.output = source
+            result.entries.append(
+                ReportEntry(path, 1, "distributed", "info", f"left unchanged: {why}")
+            )
+            continue
         contexts[path] = ctx
     converted = {ctx.module_name for ctx in contexts.values()}
     peek = _peek_bn_factory(list(sources), converted)

@@ -19,6 +19,9 @@ class ConvertOptions:
     communicator: CommunicatorChoice = "auto"
     scaling: Scaling = "weak"
     model_parallel: ModelParallel = "none"
+    # Files already distributed (ChainerMN, mnify output) are left unchanged; tests switch this
+    # off to prove that the rewrites themselves are idempotent.
+    leave_distributed: bool = True
 
     @property
     def data_parallel(self) -> bool:

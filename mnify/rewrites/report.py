@@ -68,7 +68,7 @@ class Report:
         unchanged = len(self.files) - changed - errors - skipped
         parts = [f"{changed} changed", f"{unchanged} unchanged"]
         if skipped:
-            parts.append(f"{skipped} skipped (# mnify: noqa)")
+            parts.append(f"{skipped} skipped (# mnify: noqa, or already distributed)")
         if errors:
             parts.append(f"{errors} failed")
         people = len(self.needs_person())

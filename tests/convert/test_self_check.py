@@ -18,7 +18,7 @@ import libcst as cst
 import pytest
 
 from mnify.lint import lint_source, project_collectives
-from mnify.rewrites import convert_source, convert_sources
+from mnify.rewrites import ConvertOptions, convert_source, convert_sources
 from mnify.rewrites.edits import ApplyEdits
 from mnify.rewrites.verify import PlanRecords, VerificationError, check_output
 
@@ -336,8 +336,19 @@ ALREADY = textwrap.dedent(
 )
 
 
-def test_no_collective_is_inserted_under_an_existing_rank_check() -> None:
+def test_an_already_distributed_script_is_left_unchanged_and_says_why() -> None:
     result = convert_source(ALREADY)
+    assert result.error is None
+    assert result.output == ALREADY
+    assert result.skipped == "already distributed (it imports chainermn)"
+    converted = convert_source(LOOP).output
+    assert converted is not None
+    again = convert_source(converted)
+    assert again.output == converted and again.skipped is not None
+
+
+def test_no_collective_is_inserted_under_an_existing_rank_check() -> None:
+    result = convert_source(ALREADY, options=ConvertOptions(leave_distributed=False))
     assert result.error is None
     assert result.output is not None
     assert _mn301({"a.py": result.output}) == []
