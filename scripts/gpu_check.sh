@@ -2,15 +2,23 @@
 # The one prepared GPU check for mnify's CUDA kernels and the pure_nccl communicator.
 #
 # Runs on a machine with a CUDA GPU, CuPy 13/14, numpy 1/2, mpi4py and NCCL -- no Chainer and
-# no network needed -- from the repository root, in well under 8 minutes:
-#   1. what is there (nvidia-smi, versions, nccl_status),
-#   2. the gpu-marked kernel and pure_nccl tests, plus the CPU-side kernel checks,
-#   3. bench/gpu.py (pack+unpack vs device copy, BN statistics vs CuPy, channel gather).
-# Results go to $OUT (or ./gpu-check-out): gpu-tests.log, gpu-junit.xml, bench_gpu.json,
-# bench.log, env.txt, summary.txt. Exit status: non-zero when tests or the bench failed.
+# no network needed -- from the repository root, in at most 7 minutes (every step has its own
+# time limit; a test gets 60 s):
+#   1. what is there (nvidia-smi, versions),
+#   2. preconditions: mpi4py's MPI library loads, CuPy sees a device, NCCL's version, the type
+#      of get_unique_id() (bytes from CuPy 14, a tuple before), whether ncclAvg exists,
+#   3. raw one-rank NCCL calls through CuPy alone (allReduce fp32/fp16, ncclAvg, bcast,
+#      allGather, a group of two), so a library problem is told apart from one of mnify's,
+#   4. the gpu-marked kernel and pure_nccl tests, plus the CPU-side kernel checks,
+#   5. bench/gpu.py (pack+unpack kernels vs device copy, host time apart; pure_nccl's mean vs
+#      a raw NCCL all-reduce; BN statistics vs CuPy; channel gather).
+# Results go to $OUT (or ./gpu-check-out): env.txt, preconditions.txt, nccl-raw.txt,
+# gpu-tests.log, gpu-junit.xml, bench.log, bench_gpu.json, summary.txt. Exit status: non-zero
+# when a step failed. GPU_CHECK_STEPS="2 3" runs only those steps (tests run steps 1-3 on the
+# CuPy stand-in, so the script's own mistakes are found before a GPU session).
 #
-# pytest is needed for step 2. Where the GPU machine has none, prepare it beside the repo on a
-# machine with network (pure-Python wheels, any Python 3):
+# pytest and pytest-timeout are needed for step 4. Where the GPU machine has none, prepare them
+# beside the repo on a machine with network (pure-Python wheels, any Python 3):
 #   python -m pip install --target .gpu-pydeps pytest pytest-timeout
 # and bring .gpu-pydeps along; this script puts it on PYTHONPATH only when pytest is missing.
 set -uo pipefail
@@ -25,26 +33,162 @@ export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
+failed=0
+want() { [[ " ${GPU_CHECK_STEPS:-1 2 3 4 5} " == *" $1 "* ]]; }
 
-echo "== environment"
+if want 1; then
+echo "== 1. environment"
 {
     date -u
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
-    "$py" - <<'EOF'
-import sys
-print("python", sys.version.split()[0])
-for name in ("numpy", "cupy", "mpi4py", "chainer"):
-    try:
-        module = __import__(name)
-        print(name, getattr(module, "__version__", "?"))
-    except Exception as exc:
-        print(name, "missing:", type(exc).__name__, exc)
-from mnify.runtime.communicators.pure_nccl import nccl_status
-print("nccl_status", nccl_status())
-EOF
+    timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
+    echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}"
 } 2>&1 | tee "$out/env.txt"
+fi
 
-tests_rc=0
+if want 2; then
+echo "== 2. preconditions"
+timeout 45 "$py" - <<'EOF' 2>&1 | tee "$out/preconditions.txt"
+import sys
+
+print("python", sys.version.split()[0])
+bad = []
+
+
+def step(name, fn):
+    try:
+        print(f"{name}: {fn()}")
+    except Exception as exc:
+        print(f"{name}: FAILED {type(exc).__name__}: {exc}")
+        bad.append(name)
+
+
+import numpy
+
+print("numpy", numpy.__version__)
+step("mpi4py MPI library", lambda: __import__("mpi4py.MPI").MPI.Get_library_version().splitlines()[0])
+step("cupy", lambda: __import__("cupy").__version__)
+step("CUDA devices visible", lambda: __import__("cupy").cuda.runtime.getDeviceCount())
+step("CUDA runtime", lambda: __import__("cupy").cuda.runtime.runtimeGetVersion())
+
+
+def nccl():
+    from cupy.cuda import nccl as module
+
+    return module
+
+
+step("nccl.available", lambda: nccl().available)
+step("nccl.get_version()", lambda: nccl().get_version())
+step("type(nccl.get_unique_id())", lambda: type(nccl().get_unique_id()).__name__)
+step("nccl.NCCL_AVG", lambda: getattr(nccl(), "NCCL_AVG", "missing (CuPy too old)"))
+for name in ("chainer",):
+    try:
+        print(name, __import__(name).__version__)
+    except Exception as exc:
+        print(name, "missing:", type(exc).__name__)
+from mnify.runtime.communicators.pure_nccl import nccl_status
+
+print("nccl_status", nccl_status())
+print("PRECONDITIONS", "FAILED: " + ", ".join(bad) if bad else "OK")
+sys.exit(1 if bad else 0)
+EOF
+pre_rc=${PIPESTATUS[0]}
+note "preconditions: exit $pre_rc; $(grep -a PRECONDITIONS "$out/preconditions.txt" || echo 'no verdict')"
+[ "$pre_rc" -eq 0 ] || failed=1
+fi
+
+if want 3; then
+echo "== 3. raw one-rank NCCL calls (CuPy only)"
+timeout 60 "$py" - <<'EOF' 2>&1 | tee "$out/nccl-raw.txt"
+import sys
+
+import cupy
+import numpy as np
+from cupy.cuda import nccl
+
+results = []
+
+
+def check(name, fn):
+    try:
+        fn()
+        results.append(True)
+        print("PASS", name)
+    except Exception as exc:
+        results.append(False)
+        print("FAIL", name, f"{type(exc).__name__}: {exc}")
+
+
+uid = nccl.get_unique_id()
+print("unique id:", type(uid).__name__, len(uid))
+comm = nccl.NcclCommunicator(1, uid, 0)  # the id exactly as this CuPy hands it out
+stream = cupy.cuda.get_current_stream()
+kinds = {np.float32: nccl.NCCL_FLOAT32, np.float16: nccl.NCCL_FLOAT16}
+
+
+def allreduce(dtype, op):
+    x = cupy.arange(1000, dtype=dtype)
+    y = cupy.empty_like(x)
+    comm.allReduce(x.data.ptr, y.data.ptr, x.size, kinds[dtype], op, stream.ptr)
+    stream.synchronize()
+    assert bool((x == y).all()), "one-rank all-reduce changed the data"
+
+
+check("allReduce float32 sum", lambda: allreduce(np.float32, nccl.NCCL_SUM))
+check("allReduce float16 sum", lambda: allreduce(np.float16, nccl.NCCL_SUM))
+if hasattr(nccl, "NCCL_AVG") and nccl.get_version() >= 21000:
+    check("allReduce float32 ncclAvg", lambda: allreduce(np.float32, nccl.NCCL_AVG))
+else:
+    print("SKIP ncclAvg: not in this CuPy/NCCL")
+
+
+def bcast():
+    x = cupy.arange(77, dtype=cupy.float32)
+    comm.bcast(x.data.ptr, x.size, nccl.NCCL_FLOAT32, 0, stream.ptr)
+    stream.synchronize()
+    assert float(x[-1]) == 76.0
+
+
+def allgather():
+    x = cupy.arange(10, dtype=cupy.float32)
+    y = cupy.zeros(10, dtype=cupy.float32)
+    comm.allGather(x.data.ptr, y.data.ptr, x.size, nccl.NCCL_FLOAT32, stream.ptr)
+    stream.synchronize()
+    assert bool((x == y).all())
+
+
+def group():
+    xs = [cupy.full(5, i, cupy.float32) for i in range(2)]
+    nccl.groupStart()
+    for x in xs:
+        comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+    nccl.groupEnd()
+    stream.synchronize()
+    assert [float(x[0]) for x in xs] == [0.0, 1.0]
+
+
+check("bcast", bcast)
+check("allGather", allgather)
+check("groupStart/groupEnd of two allReduces", group)
+
+
+def via_mnify():
+    from mnify.runtime.communicators.pure_nccl import join_nccl, unique_id_bytes
+
+    other = join_nccl(nccl, cupy.__version__, 1, unique_id_bytes(nccl.get_unique_id()), 0)
+    other.destroy()
+
+
+check("mnify's join_nccl (id as bytes, in this CuPy's form)", via_mnify)
+comm.destroy()
+print("NCCL RAW", "OK" if all(results) else "FAILED")
+sys.exit(0 if all(results) else 1)
+EOF
+raw_rc=${PIPESTATUS[0]}
+note "raw NCCL: exit $raw_rc; $(grep -a 'NCCL RAW' "$out/nccl-raw.txt" || echo 'no verdict')"
+[ "$raw_rc" -eq 0 ] || failed=1
+fi
+
 if ! "$py" -c "import pytest" 2>/dev/null && [ -d "$root/.gpu-pydeps" ]; then
     export PYTHONPATH="$PYTHONPATH:$root/.gpu-pydeps"
 fi
@@ -52,9 +196,16 @@ fi
 # not the stand-in tests, which need mpiexec and prove nothing more on a GPU machine
 tests=(tests/gpu tests/kernels/test_kernels_device.py tests/kernels/test_kernels_host.py
     tests/kernels/test_kernel_plans.py tests/kernels/test_kernels_nvcc.py)
-echo "== tests (${tests[*]})"
+if want 4; then
+echo "== 4. tests (${tests[*]})"
 if "$py" -c "import pytest" 2>/dev/null; then
-    timeout 300 "$py" -m pytest -p no:cacheprovider -q -rs \
+    per_test=()
+    if "$py" -c "import pytest_timeout" 2>/dev/null; then
+        per_test=(--timeout 60)
+    else
+        note "WARNING: pytest-timeout missing: no per-test limit, only the step's 200 s"
+    fi
+    timeout 200 "$py" -m pytest -p no:cacheprovider -q -rs ${per_test[@]+"${per_test[@]}"} \
         --junitxml="$out/gpu-junit.xml" "${tests[@]}" 2>&1 | tee "$out/gpu-tests.log"
     tests_rc=${PIPESTATUS[0]}
     note "tests: exit $tests_rc; $(tail -n 1 "$out/gpu-tests.log")"
@@ -66,14 +217,19 @@ else
     note "tests: NOT RUN -- pytest missing (see the header of scripts/gpu_check.sh)"
     tests_rc=1
 fi
+[ "$tests_rc" -eq 0 ] || failed=1
+fi
 
-echo "== bench/gpu.py"
+if want 5; then
+echo "== 5. bench/gpu.py"
 # shellcheck disable=SC2086 # MNIFY_BENCH_ARGS is a list of flags (e.g. --repeat 50)
-timeout 240 "$py" bench/gpu.py --json "$out/bench_gpu.json" ${MNIFY_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+timeout 100 "$py" bench/gpu.py --json "$out/bench_gpu.json" ${MNIFY_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
 bench_rc=${PIPESTATUS[0]}
 note "bench: exit $bench_rc"
 grep -E "goal|geometric|ratio" "$out/bench.log" >>"$summary" || true
+[ "$bench_rc" -eq 0 ] || failed=1
+fi
 
 echo "== summary ($out)"
 cat "$summary"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+[ "$failed" -eq 0 ]

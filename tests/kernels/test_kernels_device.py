@@ -108,6 +108,32 @@ def test_pack_many_arrays_in_one_call_and_cached_plan() -> None:
     np.testing.assert_array_equal(cp.asnumpy(buf), -expect / 2)
 
 
+def test_prepared_pack_and_unpack_replay_the_current_contents() -> None:
+    """A prepared copy is one launch per dtype group on every call, reading (or writing) the
+    arrays as they are then -- strided ones included, through their contiguous twins."""
+    cp = _cp()
+    base = cp.arange(24, dtype=cp.float32).reshape(4, 6)
+    devs = [cp.arange(5, dtype=cp.float32), base[:, ::2], cp.arange(3, dtype=cp.float16)]
+    out = cp.zeros(5 + 12 + 3, cp.float32)
+    pack = kernels.prepare_pack(devs, out, 0.5)
+    for _ in range(2):
+        for d in devs:
+            d += 1
+        pack()
+        expect = np.zeros(out.size, np.float32)
+        host.pack([cp.asnumpy(d) for d in devs], expect, 0.5)
+        np.testing.assert_array_equal(cp.asnumpy(out), expect)
+    unpack = kernels.prepare_unpack(out, devs, 2.0)
+    for step in range(2):
+        out[...] = cp.arange(out.size, dtype=cp.float32) * (step + 1)
+        unpack()
+        hosts = [np.empty(d.shape, d.dtype) for d in devs]
+        host.unpack(cp.asnumpy(out), hosts, 2.0)
+        for d, h in zip(devs, hosts, strict=True):
+            np.testing.assert_array_equal(cp.asnumpy(d), h)
+    np.testing.assert_array_equal(cp.asnumpy(base[:, 1::2]), np.arange(24.0).reshape(4, 6)[:, 1::2])
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize(
     "shape",

@@ -82,6 +82,17 @@ def _find_nvrtc() -> str | None:
     return ctypes.util.find_library("nvrtc")
 
 
+def _load_nvrtc(path: str) -> ctypes.CDLL:
+    """NVRTC, with the ``libnvrtc-builtins`` beside it loaded first: NVRTC opens that library by
+    name when it compiles, and a wheel's directory (nvidia/cuda_nvrtc/lib) is not on the
+    loader's path, so without the preload every compile fails with "builtins not found"."""
+    here = Path(path).parent
+    for builtins in sorted(here.glob("libnvrtc-builtins*.so*")):
+        ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+        break
+    return ctypes.CDLL(path)
+
+
 NVRTC = _find_nvrtc()
 
 
@@ -93,7 +104,7 @@ NVRTC = _find_nvrtc()
 def test_source_compiles_with_nvrtc_like_cupy(name: str) -> None:
     """What cupy.RawModule does at run time: NVRTC, no include paths, the name expressions."""
     assert NVRTC is not None
-    lib = ctypes.CDLL(NVRTC)
+    lib = _load_nvrtc(NVRTC)
     prog = ctypes.c_void_p()
     code = sources.read_source(name).encode()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), code, name.encode(), 0, None, None) == 0

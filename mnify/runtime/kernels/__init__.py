@@ -15,6 +15,11 @@ Gradient buckets (communicators):
     float32), then rounded once to the destination dtype, on CPU and GPU alike.
 ``unpack(buf, arrays, scale=1.0) -> None``
     The inverse: fill ``arrays`` in place from the 1-D ``buf``, cast back, times ``scale``.
+``prepare_pack(arrays, out, scale=1.0) -> Callable[[], None]`` and ``prepare_unpack(...)``
+    The same work with the host-side preparation (grouping, device tables) done once: each
+    call of the result does the copy again with the arrays' current contents, on GPU at the
+    cost of one launch per dtype group (what a training loop, a benchmark of the kernel alone,
+    or a CUDA graph capture wants).
 
 Batch-norm statistics (MultiNodeBatchNormalization):
 
@@ -42,9 +47,10 @@ Channel-parallel convolution (ParallelConvolution2D):
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +64,8 @@ __all__ = [
     "channel_sums",
     "gather_channels",
     "pack",
+    "prepare_pack",
+    "prepare_unpack",
     "scale_dtype",
     "split_channels",
     "unpack",
@@ -96,6 +104,29 @@ def unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> None:
         host.unpack(buf, arrays, scale)
     else:
         _device().unpack(buf, arrays, scale)
+
+
+def prepare_pack(arrays: Sequence[Any], out: Any, scale: float = 1.0) -> Callable[[], None]:
+    """:func:`pack` prepared once, to be called many times (the arrays' contents may change,
+    their memory may not)."""
+    total = sum(int(a.size) for a in arrays)
+    if out.ndim != 1 or out.size < total:
+        raise ValueError(f"pack: out must be 1-D with at least {total} elements, got {out.shape}")
+    if _is_numpy(out):
+        return functools.partial(host.pack, list(arrays), out, scale)
+    prepared: Callable[[], None] = _device().prepare_pack(arrays, out, scale)
+    return prepared
+
+
+def prepare_unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> Callable[[], None]:
+    """:func:`unpack` prepared once, to be called many times."""
+    total = sum(int(a.size) for a in arrays)
+    if buf.ndim != 1 or buf.size < total:
+        raise ValueError(f"unpack: buf must be 1-D with at least {total} elements, got {buf.shape}")
+    if _is_numpy(buf):
+        return functools.partial(host.unpack, buf, list(arrays), scale)
+    prepared: Callable[[], None] = _device().prepare_unpack(buf, arrays, scale)
+    return prepared
 
 
 def channel_sums(x: Any) -> tuple[Any, Any]:

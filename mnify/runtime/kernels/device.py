@@ -11,9 +11,10 @@ Semantics are those documented in :mod:`mnify.runtime.kernels`; the numpy twins 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cupy  # type: ignore[import-not-found]
@@ -123,46 +124,59 @@ def _bucket_plan(items: list[tuple[Any, int]]) -> _BucketPlan:
     return plan
 
 
-def _bucket_copy(arrays: Sequence[Any], buf: Any, scale: float, to_buffer: bool) -> None:
-    """Group arrays by dtype and move each group with one launch (pack or unpack)."""
+def _bucket_copy_launches(
+    arrays: Sequence[Any], buf: Any, scale: float, to_buffer: bool
+) -> list[Callable[[], None]]:
+    """The launches that move ``arrays`` to or from ``buf``: one kernel per dtype group, the
+    CuPy twins for dtypes without a kernel, then write-backs for strided arrays (unpack).
+
+    Building them costs host time (grouping, table look-ups); calling them costs one launch
+    each, which is what :func:`prepare_pack` hands out for replay."""
     groups: dict[str, list[tuple[Any, int]]] = {}
-    write_back: list[tuple[Any, Any]] = []  # (caller's non-contiguous array, contiguous twin)
+    # strided arrays go through contiguous twins: filled before the kernels (pack) or copied
+    # back after them (unpack), on every call
+    launches: list[Callable[[], None]] = []
+    write_back: list[Callable[[], None]] = []
     offset = 0
     for a in arrays:
         n = int(a.size)
         if n:
             work = a
             if not a.flags.c_contiguous:
-                work = cupy.ascontiguousarray(a)
-                if not to_buffer:
-                    write_back.append((a, work))
+                work = cupy.empty(a.shape, dtype=a.dtype)
+                if to_buffer:
+                    launches.append(functools.partial(work.__setitem__, Ellipsis, a))
+                else:
+                    write_back.append(functools.partial(a.__setitem__, Ellipsis, work))
             groups.setdefault(np.dtype(a.dtype).name, []).append((work, offset))
         offset += n
     buf_name = np.dtype(buf.dtype).name
     for arr_name, items in groups.items():
         if arr_name not in _FLOAT_NAMES or buf_name not in _FLOAT_NAMES:
-            _bucket_copy_generic(items, buf, scale, to_buffer)
+            launches.append(functools.partial(_bucket_copy_generic, items, buf, scale, to_buffer))
             continue
         plan = _bucket_plan(items)
         fn = kernel("pack.cu", sources.bucket_copy_name(arr_name, buf_name, to_buffer))
-        grid = min(plan.n_tiles, 65535 * 16)
-        fn(
-            (grid,),
-            (plans.BUCKET_THREADS,),
-            (
-                plan.ptrs,
-                plan.offsets,
-                plan.sizes,
-                plan.tile_array,
-                plan.tile_begin,
-                np.int64(plan.n_tiles),
-                np.int64(plans.BUCKET_TILE),
-                buf,
-                np.float64(scale),
-            ),
+        grid = (min(plan.n_tiles, 65535 * 16),)
+        args = (
+            plan.ptrs,
+            plan.offsets,
+            plan.sizes,
+            plan.tile_array,
+            plan.tile_begin,
+            np.int64(plan.n_tiles),
+            np.int64(plans.BUCKET_TILE),
+            buf,
+            np.float64(scale),
         )
-    for target, twin in write_back:
-        target[...] = twin
+        launches.append(functools.partial(fn, grid, (plans.BUCKET_THREADS,), args))
+    return launches + write_back
+
+
+def _bucket_copy(arrays: Sequence[Any], buf: Any, scale: float, to_buffer: bool) -> None:
+    """Group arrays by dtype and move each group with one launch (pack or unpack)."""
+    for launch in _bucket_copy_launches(arrays, buf, scale, to_buffer):
+        launch()
 
 
 def _bucket_copy_generic(
@@ -180,19 +194,47 @@ def _bucket_copy_generic(
 
 
 def pack(arrays: Sequence[Any], out: Any, scale: float = 1.0) -> None:
-    with out.device:
-        if out.flags.c_contiguous:
-            _bucket_copy(arrays, out, scale, to_buffer=True)
-        else:  # a strided bucket: pack contiguously, then one strided copy
-            total = sum(int(a.size) for a in arrays)
-            tmp = cupy.empty(total, dtype=out.dtype)
-            _bucket_copy(arrays, tmp, scale, to_buffer=True)
-            out[:total] = tmp
+    prepare_pack(arrays, out, scale)()
 
 
 def unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> None:
+    prepare_unpack(buf, arrays, scale)()
+
+
+class _Prepared:
+    """Launches built once, run on every call on the device they were built for (the
+    current stream at call time)."""
+
+    def __init__(self, device: Any, launches: list[Callable[[], None]]) -> None:
+        self._device, self._launches = device, launches
+
+    def __call__(self) -> None:
+        with self._device:
+            for launch in self._launches:
+                launch()
+
+
+def prepare_pack(arrays: Sequence[Any], out: Any, scale: float = 1.0) -> Callable[[], None]:
+    with out.device:
+        if out.flags.c_contiguous:
+            return _Prepared(out.device, _bucket_copy_launches(arrays, out, scale, True))
+        # a strided bucket: pack contiguously, then one strided copy
+        total = sum(int(a.size) for a in arrays)
+        tmp = cupy.empty(total, dtype=out.dtype)
+        launches = _bucket_copy_launches(arrays, tmp, scale, True)
+        launches.append(functools.partial(out[:total].__setitem__, Ellipsis, tmp))
+        return _Prepared(out.device, launches)
+
+
+def prepare_unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> Callable[[], None]:
     with buf.device:
-        _bucket_copy(arrays, cupy.ascontiguousarray(buf), scale, to_buffer=False)
+        launches = []
+        if not buf.flags.c_contiguous:
+            contiguous = cupy.empty(buf.shape, dtype=buf.dtype)
+            launches.append(functools.partial(contiguous.__setitem__, Ellipsis, buf))
+            buf = contiguous
+        launches += _bucket_copy_launches(arrays, buf, scale, False)
+        return _Prepared(buf.device, launches)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ tests themselves run (see test_gpu_tests_on_stand_in.py).
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 
@@ -17,4 +18,8 @@ for _name in ("pack", "unpack", "channel_sums", "bn_backward_sums"):
     setattr(shim, _name, getattr(host, _name))
 shim.gather_channels = host.gather_channels
 shim.split_channels = host.split_channels
+shim.prepare_pack = lambda arrays, out, scale=1.0: functools.partial(host.pack, arrays, out, scale)
+shim.prepare_unpack = lambda buf, arrays, scale=1.0: functools.partial(
+    host.unpack, buf, arrays, scale
+)
 sys.modules["mnify.runtime.kernels.device"] = shim
