@@ -228,7 +228,7 @@ def prepare_pack(arrays: Sequence[Any], out: Any, scale: float = 1.0) -> Callabl
 
 def prepare_unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> Callable[[], None]:
     with buf.device:
-        launches = []
+        launches: list[Callable[[], None]] = []
         if not buf.flags.c_contiguous:
             contiguous = cupy.empty(buf.shape, dtype=buf.dtype)
             launches.append(functools.partial(contiguous.__setitem__, Ellipsis, buf))
