@@ -19,7 +19,7 @@ from typing import Any, Literal
 import libcst as cst
 from libcst.metadata import QualifiedNameSource
 
-from mnify.lint import names as N
+from mnify import vocabulary as N
 
 FrameKind = Literal["module", "function", "loop"]
 _LIBRARY_SOURCES = (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN)
@@ -358,13 +358,13 @@ class LintContext:
                 return "communicator"
             if N.any_in(names, N.MULTI_NODE_OPTIMIZER_FACTORIES):
                 return "mn_optimizer"
-            if any(N.is_optimizer_class(n) for n in names):
+            if any(N.is_optimizer(n) for n in names):
                 return "optimizer"
             if N.any_in(names, N.MULTI_NODE_EVALUATOR_FACTORIES):
                 return "mn_evaluator"
-            if N.any_in(names, N.EVALUATOR):
+            if N.any_is(names, N.is_evaluator):
                 return "evaluator"
-            if N.any_in(names, N.TRAINER):
+            if N.any_is(names, N.is_trainer):
                 return "trainer"
             if N.any_in(names, N.DEVICE_GETTERS):
                 return "device"

@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 import libcst as cst
 
-from mnify.rewrites import chainer_names as names
+from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import expression, statement
+from mnify.rewrites.registry import rewrite
 
 # BatchNormalization's positional parameters after ``size`` (MultiNodeBatchNormalization puts
 # ``comm`` second, so these must become keywords).
@@ -25,12 +26,13 @@ _ONE_LINE = 64  # longer replacements break after the opening parenthesis
 _UNSUPPORTED = {"axis", "initial_avg_mean", "initial_avg_var"}
 
 
-def plan(ctx: FileContext, external_bn: Callable[[str], bool]) -> None:
+@rewrite("batchnorm", order=70, fixes=("MN502",), code="MN807")
+def plan(ctx: FileContext) -> None:
     if not ctx.options.data_parallel:
         return
     mnbn = ctx.spell.links("MultiNodeBatchNormalization")
     for call in ctx.facts.calls:
-        if not names.is_link(call.qname, "BatchNormalization"):
+        if not vocab.is_link(call.qname, "BatchNormalization"):
             continue
         if ctx.suppressed(call.node, "batchnorm"):
             continue
@@ -72,7 +74,7 @@ def plan(ctx: FileContext, external_bn: Callable[[str], bool]) -> None:
         ctx.use_runtime()
         ctx.plan.replace_node(call.node, _to_mnbn(mnbn, comm), call.stmt)
         ctx.note(call.node, "batchnorm", "changed", f"BatchNormalization -> {mnbn}(..., comm)")
-    _wrap_external_models(ctx, external_bn)
+    _wrap_external_models(ctx, ctx.external_bn)
 
 
 def _to_mnbn(func: str, comm: str) -> Callable[[cst.CSTNode], cst.CSTNode]:
@@ -117,13 +119,13 @@ def _wrap_external_models(ctx: FileContext, external_bn: Callable[[str], bool]) 
         for a in ctx.facts.assigns
         if len(a.targets) == 1
         and isinstance(a.value, cst.Call)
-        and names.last(getattr(ctx.facts.call_of(a.value), "qname", "")) == "create_mnbn_model"
+        and vocab.is_mnbn_factory(getattr(ctx.facts.call_of(a.value), "qname", ""))
     }
     done: set[int] = set()
     for call in ctx.facts.calls:
         q = call.qname
-        library = names.under(q, "chainer.links") and names.last(q) in names.BN_LIBRARY_MODELS
-        if not (library or (q and not names.under(q, "chainer") and external_bn(q))):
+        library = vocab.is_library_bn_model(q)
+        if not (library or (q and not vocab.is_chainer_name(q) and external_bn(q))):
             continue
         stmt = call.stmt
         if stmt is None or id(stmt) in done:
@@ -156,5 +158,5 @@ def _wrap_external_models(ctx: FileContext, external_bn: Callable[[str], bool]) 
             call.node,
             "batchnorm",
             "changed",
-            f"{names.last(q)} is defined outside the converted files: {wrap}({target}, {comm})",
+            f"{vocab.last(q)} is defined outside the converted files: {wrap}({target}, {comm})",
         )

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.rewrites import chainer_names as names
+from mnify import vocabulary as vocab
 from mnify.rewrites.context import Entry, FileContext
 from mnify.rewrites.edits import statement
 from mnify.rewrites.facts import CallFact
+from mnify.rewrites.registry import rewrite
 
 
 def _dest(call: cst.Call) -> str | None:
@@ -52,13 +53,14 @@ def _style(call: cst.Call) -> str:
 DEVICE_DESTS = ("gpu", "device", "gpu_id", "gpuid")
 
 
+@rewrite("communicator", order=0, code="MN801")
 def find_entry(ctx: FileContext) -> None:
     """Decide where the communicator lives; reads facts only."""
     facts = ctx.facts
     for a in facts.assigns:
         if isinstance(a.value, cst.Call) and len(a.targets) == 1:
             q = getattr(facts.call_of(a.value), "qname", "")
-            if names.last(q) == "create_communicator":
+            if vocab.is_communicator_factory(q):
                 ctx.entry = Entry(func=a.func, comm=a.targets[0], exists=True)
                 break
     entry = ctx.entry
@@ -152,7 +154,7 @@ def _assigned_name(ctx: FileContext, value: cst.Call) -> str | None:
 def _module_level_training(ctx: FileContext) -> bool:
     return any(
         c.func is None
-        and (names.is_optimizer(c.qname) or names.is_iterator(c.qname) or names.is_trainer(c.qname))
+        and (vocab.is_optimizer(c.qname) or vocab.is_iterator(c.qname) or vocab.is_trainer(c.qname))
         for c in ctx.facts.calls
     )
 
@@ -180,9 +182,7 @@ def gpu_test(ctx: FileContext) -> str | None:
 
 
 def uses_gpu_statically(ctx: FileContext) -> bool:
-    return any(
-        c.method in ("to_gpu",) or c.qname in names.DEVICE_FUNCTIONS for c in ctx.facts.calls
-    )
+    return any(c.method in ("to_gpu",) or c.qname in vocab.DEVICE_GETTERS for c in ctx.facts.calls)
 
 
 def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:

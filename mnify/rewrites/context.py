@@ -9,36 +9,19 @@ function or a model class's ``__init__`` it cannot, so the helper/class gains a 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from mnify.lint.noqa import Suppressions, parse_suppressions
 from mnify.rewrites.edits import EditPlan, expression
 from mnify.rewrites.facts import CallFact, Facts
 from mnify.rewrites.lines import line_table
 from mnify.rewrites.options import ConvertOptions, Spelling
+from mnify.rewrites.registry import step_code, step_codes
 from mnify.rewrites.report import ReportEntry, Severity
-
-# One code per step: a `noqa` comment naming MN803 on a line keeps that step off the line.
-STEP_CODES: dict[str, str] = {
-    "communicator": "MN801",
-    "device": "MN802",
-    "optimizer": "MN803",
-    "dataset": "MN804",
-    "evaluator": "MN805",
-    "rank0-guard": "MN806",
-    "batchnorm": "MN807",
-    "fork-hazard": "MN808",
-    "scaling": "MN809",
-    "model-parallel": "MN810",
-    "threading": "MN811",
-}
-
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.I)
-FILE_NOQA = re.compile(r"^\s*#\s*mnify:\s*noqa\b", re.M | re.I)
 
 
 @dataclass(eq=False)
@@ -75,7 +58,12 @@ class FileContext:
     # functions of the project that reach a collective once converted ("helpers.load_data"):
     # a call of one is never put under a rank guard
     collective_callees: frozenset[str] = frozenset()
+    # whether a class imported from a sibling module that is not converted uses BatchNorm
+    external_bn: Callable[[str], bool] = field(default=lambda qname: False)
+    # statements to insert before the communicator (the forkserver preamble)
+    preamble: list[cst.BaseStatement] = field(default_factory=list)
     _positions: object | None = None
+    _suppressions: Suppressions | None = None
     _lines: dict[int, int] | None = None
     _quote: str | None = None
     _threaded_sites: set[int] = field(default_factory=set)
@@ -120,26 +108,32 @@ class FileContext:
         pos = self._positions.get(node)  # type: ignore[attr-defined]
         return int(pos.start.line) if pos is not None else 0
 
-    def suppressed(self, node: cst.CSTNode, step: str) -> bool:
-        """``# noqa`` or ``# noqa: <this step's code>`` on the node's first line."""
-        if "noqa" not in self.source:
+    def suppressed(self, node: cst.CSTNode, step: str, code: str | None = None) -> bool:
+        """Whether a ``# noqa`` comment keeps ``step`` (or just its rule ``code``) off the
+        node's first line, or a ``# mnify: noqa: CODE`` off the whole file: read exactly as
+        ``mnify lint`` reads it, with the step's rule codes and its own MN8xx code."""
+        if self._suppressions is None:
+            self._suppressions = parse_suppressions(self.source)
+        if not self._suppressions.line_codes and not self._suppressions.file_codes:
             return False
         lineno = self.line(node)
-        lines = self.source.splitlines()
-        if not 0 < lineno <= len(lines):
-            return False
-        match = _NOQA.search(lines[lineno - 1])
-        if match is None:
-            return False
-        codes = match.group("codes")
-        if not codes:
-            return True
-        return STEP_CODES.get(step, "") in re.split(r"[\s,]+", codes.upper())
+        codes = {code} if code is not None else set(step_codes(step))
+        if code is not None:
+            codes |= {c for c in step_codes(step) if c.startswith("MN8")}
+        return any(self._suppressions.suppresses(lineno, c) for c in codes)
 
-    def note(self, node: cst.CSTNode | None, step: str, severity: Severity, message: str) -> None:
+    def note(
+        self,
+        node: cst.CSTNode | None,
+        step: str,
+        severity: Severity,
+        message: str,
+        code: str | None = None,
+    ) -> None:
+        """A report entry, filed under ``code`` or else the step's rule code."""
         line = self.line(node) if node is not None else 1
         self.entries.append(
-            ReportEntry(self.path, line, step, severity, message, STEP_CODES.get(step, ""))
+            ReportEntry(self.path, line, step, severity, message, code or step_code(step))
         )
 
     def reaches_collective(self, stmt: cst.BaseStatement) -> str | None:

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from mnify.rewrites import chainer_names as names
+from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import Guard, NodeFn, expression, statement
 from mnify.rewrites.facts import CallFact, assigned_in, names_in, target_names
+from mnify.rewrites.registry import rewrite
 
 
 def dataset_arg(call: cst.Call) -> cst.Arg | None:
@@ -55,19 +56,22 @@ def iterator_calls(ctx: FileContext) -> list[CallFact]:
     return [
         c
         for c in ctx.facts.calls
-        if names.is_iterator(c.qname)
-        and names.last(c.parent_qname) not in ("create_multi_node_iterator", "scatter_dataset")
+        if vocab.is_iterator(c.qname)
+        and not (
+            vocab.is_multi_node_iterator_factory(c.parent_qname) or vocab.is_scatter(c.parent_qname)
+        )
     ]
 
 
 def _already_scattered(ctx: FileContext, name: str) -> bool:
     for a in ctx.facts.assigns_of(name):
         fact = ctx.facts.call_of(a.value)
-        if fact is not None and names.last(fact.qname) == "scatter_dataset":
+        if fact is not None and vocab.is_scatter(fact.qname):
             return True
     return False
 
 
+@rewrite("dataset", order=30, fixes=("MN504", "MN501"), code="MN804")
 def plan(ctx: FileContext) -> None:
     if not ctx.options.data_parallel:
         return

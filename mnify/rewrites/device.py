@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.rewrites import chainer_names as names
+from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
 from mnify.rewrites.facts import CallFact, names_in
+from mnify.rewrites.registry import rewrite
 
 
 def _device_arg(call: CallFact) -> cst.Arg | None:
@@ -60,31 +61,27 @@ def _traced(ctx: FileContext, expr: cst.BaseExpression, depth: int = 0) -> bool:
     return False
 
 
-_MULTI_GPU_UPDATERS = ("ParallelUpdater", "MultiprocessParallelUpdater")
-
-
 def _check_multi_gpu_updaters(ctx: FileContext) -> None:
     """Single-node multi-GPU updaters drive several GPUs from one process: under MPI each rank
     drives one, so they become a StandardUpdater on the rank's GPU (a person decides)."""
     for call in ctx.facts.calls:
-        if names.under(call.qname, "chainer.training") and names.last(call.qname) in (
-            _MULTI_GPU_UPDATERS
-        ):
+        if vocab.is_multi_gpu_updater(call.qname):
             ctx.note(
                 call.node,
                 "device",
                 "needs-person",
-                f"{names.last(call.qname)} drives several GPUs from one process: with one rank "
+                f"{vocab.last(call.qname)} drives several GPUs from one process: with one rank "
                 "per GPU use StandardUpdater(..., device=comm.intra_rank) instead",
             )
 
 
+@rewrite("device", order=10, fixes=("MN103",), code="MN802")
 def plan(ctx: FileContext) -> None:
     _check_multi_gpu_updaters(ctx)
     facts = ctx.facts
     has_use = any(c.method == "use" for c in facts.calls)
     for call in facts.calls:
-        is_device_fn = call.qname in names.DEVICE_FUNCTIONS
+        is_device_fn = call.qname in vocab.DEVICE_GETTERS
         is_move = call.method in ("to_gpu", "to_device") and not is_device_fn
         keyword_device = next(
             (

@@ -8,7 +8,7 @@ distributed when it imports ChainerMN or mnify's runtime, or creates a communica
 
 from __future__ import annotations
 
-from mnify.rewrites import chainer_names as names
+from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 
 _RUNTIMES = ("chainermn", "mnify.runtime")
@@ -29,7 +29,7 @@ def reason(ctx: FileContext) -> str | None:
         if runtime is not None:
             return f"it imports {runtime}"
     for call in ctx.facts.calls:
-        if names.last(call.qname) == "create_communicator":
+        if vocab.is_communicator_factory(call.qname):
             return "it creates a communicator"
         runtime = _runtime_of(call.qname)
         if runtime is not None:

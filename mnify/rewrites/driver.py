@@ -18,24 +18,13 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from mnify.lint import Diagnostic, LintSyntaxError, lint_source, project_collectives
-from mnify.rewrites import (
-    batchnorm,
-    communicator,
-    dataset,
-    device,
-    distributed,
-    evaluator,
-    forkserver,
-    guards,
-    imports,
-    model_parallel,
-    optimizer,
-    scaling,
-)
-from mnify.rewrites.context import FILE_NOQA, FileContext
+from mnify.lint.noqa import parse_suppressions
+from mnify.rewrites import communicator, distributed, imports
+from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import ApplyEdits
 from mnify.rewrites.facts import FactCollector
 from mnify.rewrites.options import ConvertOptions
+from mnify.rewrites.registry import load_rewrites
 from mnify.rewrites.report import ReportEntry
 from mnify.rewrites.verify import PlanRecords, VerificationError, check_output, kind_name
 
@@ -271,7 +260,7 @@ def _convert_project(
     contexts: dict[str, FileContext] = {}
     for path, source in sources.items():
         result = results[path] = FileResult(path, source)
-        if FILE_NOQA.search(source):
+        if parse_suppressions(source).whole_file:
             result.skipped = "# mnify: noqa"
             continue
         try:
@@ -297,10 +286,11 @@ def _convert_project(
         contexts[path] = ctx
     converted = {ctx.module_name for ctx in contexts.values()}
     peek = _peek_bn_factory(list(sources), converted)
-    preambles = {}
+    for ctx in contexts.values():
+        ctx.external_bn = peek
     for path, ctx in list(contexts.items()):
         try:
-            preambles[path] = _plan_file(ctx, peek)
+            _plan_file(ctx)
         except Exception as exc:  # a rewrite bug costs this file, not the whole run
             results[path].error = f"internal: 1: error while planning: {exc!r}"
             del contexts[path]
@@ -326,33 +316,29 @@ def _convert_project(
             progress(path)
         result = results[path]
         try:
-            _finish_file(ctx, preambles[path], result)
+            _finish_file(ctx, result)
         except Exception as exc:
             result.error = f"internal: 1: error while converting: {exc!r}"
     return results
 
 
-def _plan_file(ctx: FileContext, peek: Callable[[str], bool]) -> list[cst.BaseStatement]:
-    """Every rewrite plans its edits (order matters: dataset guards before print guards)."""
-    ctx.lint_reported = _lint_findings(ctx)
-    communicator.find_entry(ctx)
-    if ctx.entry is not None:
-        ctx.plan.comm = ctx.entry.comm
-    device.plan(ctx)
-    optimizer.plan(ctx)
-    dataset.plan(ctx)
-    model_parallel.plan(ctx)
-    scaling.plan(ctx)
-    evaluator.plan(ctx)
-    batchnorm.plan(ctx, peek)
-    guards.plan(ctx)
-    return forkserver.plan(ctx)
+def _plan_file(ctx: FileContext) -> None:
+    """Every registered rewrite plans its edits, in the registry's order (the dataset's
+    loading guards before the print guards; the forkserver after everything that needs comm)."""
+    _lint_findings(ctx)
+    only = ctx.options.only_codes
+    for step in load_rewrites():
+        if only is not None and step.step != "communicator" and not (step.codes & only):
+            continue
+        step.plan(ctx)
+        if step.step == "communicator" and ctx.entry is not None:
+            ctx.plan.comm = ctx.entry.comm
 
 
-def _finish_file(ctx: FileContext, preamble: list[cst.BaseStatement], result: FileResult) -> None:
+def _finish_file(ctx: FileContext, result: FileResult) -> None:
     """Insert the communicator and imports, apply the plan, and check the output: it parses,
     and it differs from the input only as the plan says (``verify``)."""
-    communicator.emit(ctx, preamble)
+    communicator.emit(ctx, ctx.preamble)
     imports.emit(ctx)
     result.entries = ctx.entries
     if not ctx.plan:

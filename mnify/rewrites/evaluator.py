@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.rewrites import chainer_names as names
+from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.dataset import is_training_iterator, iterator_calls
 from mnify.rewrites.optimizer import wrap_call
+from mnify.rewrites.registry import rewrite
 
 
 def _check_early_stopping(ctx: FileContext) -> None:
     """Ranks must stop together: the monitored value has to be the same on every rank."""
     for call in ctx.facts.calls:
-        if not names.is_early_stopping(call.qname):
+        if not vocab.is_early_stopping(call.qname):
             continue
         monitor = next(
             (a.value for a in call.node.args if a.keyword and a.keyword.value == "monitor"), None
@@ -48,7 +49,7 @@ def _check_early_stopping(ctx: FileContext) -> None:
 def _check_hand_written_evaluation(ctx: FileContext) -> None:
     """Without a Trainer there is no Evaluator to wrap: a loop over the scattered test set
     measures this rank's shard only."""
-    if any(names.is_trainer(c.qname) for c in ctx.facts.calls):
+    if any(vocab.is_trainer(c.qname) for c in ctx.facts.calls):
         return
     for call in iterator_calls(ctx):
         if not is_training_iterator(call.node):
@@ -61,6 +62,7 @@ def _check_hand_written_evaluation(ctx: FileContext) -> None:
             )
 
 
+@rewrite("evaluator", order=60, fixes=("MN505",), code="MN805")
 def plan(ctx: FileContext) -> None:
     if ctx.options.data_parallel:
         _check_early_stopping(ctx)
@@ -71,12 +73,12 @@ def plan(ctx: FileContext) -> None:
     own = {
         cls
         for cls, bases in ctx.facts.class_bases.items()
-        if any(names.is_extension(b, "Evaluator") for b in bases)
+        if any(vocab.is_extension(b, "Evaluator") for b in bases)
     }
     for call in ctx.facts.calls:
-        if not (names.is_extension(call.qname, "Evaluator") or call.qname in own):
+        if not (vocab.is_extension(call.qname, "Evaluator") or call.qname in own):
             continue
-        if names.last(call.parent_qname) == "create_multi_node_evaluator":
+        if vocab.is_multi_node_evaluator_factory(call.parent_qname):
             continue
         if ctx.suppressed(call.node, "evaluator"):
             continue

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import QualifiedNameProvider
 
+from mnify import vocabulary as vocab
+
 Scope = cst.FunctionDef | cst.ClassDef | None
 
 
@@ -104,7 +106,7 @@ class Facts:
 def _pick(qnames: Iterable[object]) -> str:
     names = sorted(q.name for q in qnames)  # type: ignore[attr-defined]
     for n in names:
-        if n.startswith(("chainer", "mnify", "chainermn")):
+        if n.startswith(vocab.KNOWN_ROOTS):
             return n
     return names[0] if names else ""
 

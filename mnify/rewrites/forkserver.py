@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.rewrites import chainer_names as names
+from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import statement
+from mnify.rewrites.registry import rewrite
 
 
-def plan(ctx: FileContext) -> list[cst.BaseStatement]:
-    """Reports hazards; returns the preamble to put before the communicator (maybe empty)."""
+@rewrite("fork-hazard", order=90, fixes=("MN202",), code="MN808")
+def plan(ctx: FileContext) -> None:
+    """Reports hazards; sets ``ctx.preamble``, what goes before the communicator (maybe none)."""
+    ctx.preamble = _plan(ctx)
+
+
+def _plan(ctx: FileContext) -> list[cst.BaseStatement]:
     facts = ctx.facts
     # lines where mnify lint already reported a fork hazard (MN2xx): not reported twice
     linted = {e.line for e in ctx.entries if e.step == "lint" and e.code.startswith("MN2")}
@@ -29,7 +35,7 @@ def plan(ctx: FileContext) -> list[cst.BaseStatement]:
             or (call.method in ("start", "join") and call.receiver is not None)
         ):
             continue
-        why = names.fork_hazard(call.qname)
+        why = vocab.fork_hazard(call.qname)
         if why is None or ctx.line(call.node) in linted:
             continue
         if not ctx.suppressed(call.node, "fork-hazard"):
@@ -40,7 +46,7 @@ def plan(ctx: FileContext) -> list[cst.BaseStatement]:
                 f"{call.qname} {why} under MPI: avoid it in the training process "
                 "or run it before the communicator exists",
             )
-    mp_calls = [c for c in facts.calls if names.is_multiprocess_iterator(c.qname)]
+    mp_calls = [c for c in facts.calls if vocab.is_multiprocess_iterator(c.qname)]
     entry = ctx.entry
     if not mp_calls or has_preamble or entry is None or entry.exists:
         return []

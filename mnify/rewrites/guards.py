@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.rewrites import chainer_names as names
+from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import Guard
 from mnify.rewrites.facts import CallFact
+from mnify.rewrites.registry import rewrite
 
 RANK0 = Guard("rank0")
 # writers whose file holds model parameters: incomplete under model parallel on rank 0 alone
@@ -27,18 +28,20 @@ def _writer_name(ctx: FileContext, call: CallFact) -> str | None:
     """What this call writes, when it is a statement only rank 0 should run."""
     if call.qname in ("print", "builtins.print"):
         return "print"
-    if names.is_serializer_save(call.qname):
-        return names.last(call.qname)
+    if vocab.is_serializer_save(call.qname):
+        return vocab.last(call.qname)
     if call.method == "extend" and call.node.args:
         ext = call.node.args[0].value
         fact = ctx.facts.call_of(ext)
-        if fact is not None and names.is_extension(fact.qname, *names.WRITER_EXTENSIONS):
-            return names.last(fact.qname)
+        if fact is not None and vocab.is_extension(fact.qname, *vocab.REPORTING_EXTENSION_NAMES):
+            return vocab.last(fact.qname)
         if isinstance(ext, cst.Name):
             for a in ctx.facts.assigns_of(ext.value):
                 made = ctx.facts.call_of(a.value)
-                if made is not None and names.is_extension(made.qname, *names.WRITER_EXTENSIONS):
-                    return names.last(made.qname)
+                if made is not None and vocab.is_extension(
+                    made.qname, *vocab.REPORTING_EXTENSION_NAMES
+                ):
+                    return vocab.last(made.qname)
     return None
 
 
@@ -73,6 +76,7 @@ def _guardable(ctx: FileContext, stmt: cst.BaseStatement) -> list[str] | None:
     return None
 
 
+@rewrite("rank0-guard", order=80, fixes=("MN401", "MN402", "MN902"), code="MN806")
 def plan(ctx: FileContext) -> None:
     seen: set[int] = set()
     for call in ctx.facts.calls:

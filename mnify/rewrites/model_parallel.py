@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.rewrites import chainer_names as names
+from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.dataset import iterator_calls
 from mnify.rewrites.edits import expression
 from mnify.rewrites.optimizer import wrap_call
+from mnify.rewrites.registry import rewrite
 
 
 def _in_channels(call: cst.Call) -> cst.BaseExpression | None:
@@ -40,16 +41,17 @@ def _out_channels(call: cst.Call) -> cst.BaseExpression | None:
     return positional[1].value if len(positional) >= 2 else None
 
 
+@rewrite("model-parallel", order=40, code="MN810")
 def plan(ctx: FileContext) -> None:
     if ctx.options.data_parallel:
         return
     _plan_iterators(ctx)
     split = 0
     for call in ctx.facts.calls:
-        if not names.is_link(call.qname, "Convolution2D"):
+        if not vocab.is_link(call.qname, "Convolution2D"):
             continue
         siblings = ctx.facts.calls_by_stmt.get(id(call.stmt), []) if call.stmt else []
-        if any(names.last(c.qname) == "ParallelConvolution2D" for c in siblings):
+        if any(vocab.is_parallel_convolution(c.qname) for c in siblings):
             continue  # converted before
         if ctx.suppressed(call.node, "model-parallel"):
             continue

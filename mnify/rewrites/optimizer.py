@@ -11,43 +11,45 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.rewrites import chainer_names as names
+from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
+from mnify.rewrites.registry import rewrite
 
 
+@rewrite("optimizer", order=20, fixes=("MN503",), code="MN803")
 def plan(ctx: FileContext) -> None:
     wrap = ctx.spell.top("create_multi_node_optimizer")
     for call in ctx.facts.calls:
-        if not names.is_optimizer(call.qname):
+        if not vocab.is_optimizer(call.qname):
             continue
-        if names.last(call.parent_qname) == "create_multi_node_optimizer":
+        if vocab.is_multi_node_optimizer_factory(call.parent_qname):
             continue  # converted before
         if not ctx.options.data_parallel:
             ctx.note(
                 call.node,
                 "model-parallel",
                 "info",
-                f"{names.last(call.qname)} left unwrapped: under model parallelism each rank "
+                f"{vocab.last(call.qname)} left unwrapped: under model parallelism each rank "
                 "owns different parameters",
             )
             continue
         if ctx.suppressed(call.node, "optimizer"):
             continue
-        comm = ctx.comm_at(call.func, names.last(call.qname))
+        comm = ctx.comm_at(call.func, vocab.last(call.qname))
         if comm is None:
             ctx.note(
                 call.node,
                 "optimizer",
                 "needs-person",
-                f"{names.last(call.qname)} is built where the communicator cannot be passed "
+                f"{vocab.last(call.qname)} is built where the communicator cannot be passed "
                 f"(a method): wrap it with {wrap}(..., comm) by hand",
             )
             continue
         ctx.use_runtime()
         ctx.plan.replace_node(call.node, _wrap(wrap, comm), call.stmt)
         ctx.note(
-            call.node, "optimizer", "changed", f"{names.last(call.qname)} -> {wrap}(..., comm)"
+            call.node, "optimizer", "changed", f"{vocab.last(call.qname)} -> {wrap}(..., comm)"
         )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from mnify import vocabulary as vocab
+
 Target = Literal["mnify", "chainermn"]
 CommunicatorChoice = Literal["auto", "naive", "flat", "hierarchical", "pure_nccl"]
 Scaling = Literal["weak", "strong"]
@@ -22,6 +24,8 @@ class ConvertOptions:
     # Files already distributed (ChainerMN, mnify output) are left unchanged; tests switch this
     # off to prove that the rewrites themselves are idempotent.
     leave_distributed: bool = True
+    # Only the rewrites fixing these lint rules run (``mnify lint --fix``); None: all of them.
+    only_codes: frozenset[str] | None = None
 
     @property
     def data_parallel(self) -> bool:
@@ -57,5 +61,5 @@ class Spelling:
     def iterators(self, name: str) -> str:
         # ChainerMN keeps the iterator factories in chainermn.iterators; mnify re-exports them.
         if self.target == "chainermn":
-            return f"chainermn.iterators.{name}"
+            return f"{vocab.CHAINERMN_ITERATORS_MODULE}.{name}"
         return f"mn.{name}"

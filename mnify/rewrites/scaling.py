@@ -12,6 +12,7 @@ import libcst as cst
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.dataset import is_training_iterator, iterator_calls
 from mnify.rewrites.edits import expression, statement
+from mnify.rewrites.registry import rewrite
 
 
 def _batch_arg(call: cst.Call) -> cst.Arg | None:
@@ -22,6 +23,7 @@ def _batch_arg(call: cst.Call) -> cst.Arg | None:
     return positional[1] if len(positional) > 1 else None
 
 
+@rewrite("scaling", order=50, code="MN809")
 def plan(ctx: FileContext) -> None:
     if ctx.options.scaling != "strong":
         return

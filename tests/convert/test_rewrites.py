@@ -339,13 +339,16 @@ def test_input_libcst_parses_but_python_rejects_is_an_error() -> None:
 
 
 def test_a_rewrite_bug_costs_one_file_not_the_run(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from mnify.rewrites import driver
+    import dataclasses
+
+    from mnify.rewrites import registry
 
     def broken(ctx):  # type: ignore[no-untyped-def]
         if ctx.path == "a.py":
             raise RuntimeError("boom")
 
-    monkeypatch.setattr(driver.guards, "plan", broken)
+    guards = registry._REWRITES["rank0-guard"]
+    monkeypatch.setitem(registry._REWRITES, "rank0-guard", dataclasses.replace(guards, plan=broken))
     src = "import chainer\n\ndef main():\n    opt = chainer.optimizers.SGD()\n"
     a, b = convert_sources({"a.py": src, "b.py": src})
     assert a.output is None and a.error is not None and "boom" in a.error

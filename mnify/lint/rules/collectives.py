@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint import names as N
+from mnify import vocabulary as N
 from mnify.lint.context import LintContext, dotted_name
 from mnify.lint.rule import AppliesTo, Rule
 
@@ -347,7 +347,7 @@ class DivergentWorkBeforeTimedCollective(Rule):
                 name in N.CHEAP_BUILTINS
                 or N.is_extension(name)
                 or name in N.EMPTY_DATASET_FACTORIES
-                or name.startswith("chainer.links.")
+                or N.is_link_name(name)
                 or name.startswith(("logging.", "os.path.", "os.makedirs"))
             ):
                 return False

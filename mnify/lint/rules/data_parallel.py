@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint import names as N
+from mnify import vocabulary as N
 from mnify.lint.context import LintContext, argument, dotted_name
 from mnify.lint.rule import AppliesTo, Rule
 
@@ -79,7 +79,7 @@ class PlainBatchNormalization(Rule):
     applies_to = AppliesTo.DATA_PARALLEL
 
     def visit_Call(self, node: cst.Call) -> None:
-        if N.any_in(self.ctx.callee_names(node), N.BATCH_NORMALIZATION):
+        if N.any_is(self.ctx.callee_names(node), N.is_batch_normalization):
             self.report(node)
 
 
@@ -175,7 +175,7 @@ class OptimizerNotMultiNode(_WrapTracker):
     applies_to = AppliesTo.DATA_PARALLEL
 
     def is_construction(self, names: frozenset[str]) -> bool:
-        return any(N.is_optimizer_class(name) for name in names)
+        return any(N.is_optimizer(name) for name in names)
 
     def is_wrapper(self, names: frozenset[str]) -> bool:
         return N.any_in(names, N.MULTI_NODE_OPTIMIZER_FACTORIES)
@@ -208,7 +208,7 @@ class PlainEvaluator(_WrapTracker):
     applies_to = AppliesTo.DATA_PARALLEL
 
     def is_construction(self, names: frozenset[str]) -> bool:
-        return N.any_in(names, N.EVALUATOR)
+        return N.any_is(names, N.is_evaluator)
 
     def is_wrapper(self, names: frozenset[str]) -> bool:
         return N.any_in(names, N.MULTI_NODE_EVALUATOR_FACTORIES)
@@ -249,7 +249,7 @@ class NoScatterDataset(Rule):
         names = self.ctx.callee_names(node)
         if N.any_in(names, N.SCATTER_FUNCTIONS):
             self._scattered = True
-        elif self._first_iterator is None and N.any_in(names, N.ITERATOR_CLASSES):
+        elif self._first_iterator is None and N.any_is(names, N.is_iterator):
             self._first_iterator = node
 
     def finish(self) -> None:

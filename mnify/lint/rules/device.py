@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint import names as N
+from mnify import vocabulary as N
 from mnify.lint.context import LintContext, argument
 from mnify.lint.rule import AppliesTo, Rule
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint import names as N
+from mnify import vocabulary as N
 from mnify.lint.context import argument
 from mnify.lint.rule import AppliesTo, Rule
 
@@ -83,7 +83,7 @@ class FileSavedOnEveryRank(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         ctx = self.ctx
-        if not N.any_in(ctx.callee_names(node), N.SAVE_FUNCTIONS) or ctx.on_some_ranks():
+        if not N.any_is(ctx.callee_names(node), N.is_serializer_save) or ctx.on_some_ranks():
             return
         target = argument(node, 0, "file")
         if target is not None and ctx.find_rank(target, ("global", "intra", "inter")):

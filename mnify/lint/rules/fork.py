@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint import names as N
+from mnify import vocabulary as N
 from mnify.lint.context import LintContext, argument, string_value
 from mnify.lint.rule import Rule
 
@@ -85,7 +85,7 @@ class MultiprocessIteratorWithoutForkserver(Rule):
         if not names:
             return
         here = (ctx.call_index, ctx.scope_node)
-        if N.any_in(names, N.MULTIPROCESS_ITERATOR):
+        if N.any_is(names, N.is_multiprocess_iterator):
             self._iterators.append(node)
         elif N.any_in(names, N.START_METHOD_SETTERS):
             if start_method(ctx, node) == "forkserver" and self._forkserver is None:

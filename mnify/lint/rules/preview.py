@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint import names as N
+from mnify import vocabulary as N
 from mnify.lint.context import LintContext, argument
 from mnify.lint.rule import AppliesTo, Rule
 
@@ -60,10 +60,10 @@ class GlobalBatchGrowsLearningRateUnchanged(Rule):
                 bound = ctx.binding(inner)
                 inner = bound.value if bound is not None else None
             if isinstance(inner, cst.Call) and any(
-                N.is_optimizer_class(n) for n in ctx.callee_names(inner)
+                N.is_optimizer(n) for n in ctx.callee_names(inner)
             ):
                 self._wrapped.append(inner)
-        elif N.any_in(names, N.ITERATOR_CLASSES):
+        elif N.any_is(names, N.is_iterator):
             batch = argument(node, 1, "batch_size")
             if batch is not None and ctx.mentions_comm_size(batch):
                 self._batch_scaled = True

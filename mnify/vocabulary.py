@@ -1,15 +1,18 @@
-"""The vocabulary the rules match on: fully qualified names of Chainer, ChainerMN, mnify.runtime,
-CuPy, mpi4py and standard-library callables, as ``QualifiedNameProvider`` reports them.
+"""What mnify knows about Chainer, ChainerMN and its own runtime: pure data, read by lint, the
+rewrites and the report alike, so the two halves of the tool can never disagree.
 
-Each set lists the public spelling and, where users import it, the defining submodule, so
-``import chainer.links as L``, ``from chainer.links import BatchNormalization as BN`` and
-``from chainer.links.normalization.batch_normalization import BatchNormalization`` all match.
+Names are fully qualified as libcst's ``QualifiedNameProvider`` reports them. Chainer exposes
+classes both under their package and their defining module (``chainer.links.BatchNormalization``
+and ``chainer.links.normalization.batch_normalization.BatchNormalization``), so most predicates
+match on a package prefix and the last component. Nothing here imports libcst, Chainer, CuPy or
+mpi4py; the runtime never imports this module (its collectives are marked on the communicator
+classes, and a test holds the two lists together).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 _MN_PACKAGES = ("chainermn", "mnify.runtime")
 
@@ -52,36 +55,9 @@ MODEL_PARALLEL_MARKERS = _multi_node(
     "functions.pseudo_connect",
 )
 
-BATCH_NORMALIZATION = frozenset(
-    {
-        "chainer.links.BatchNormalization",
-        "chainer.links.normalization.batch_normalization.BatchNormalization",
-    }
-)
-EVALUATOR = frozenset(
-    {
-        "chainer.training.extensions.Evaluator",
-        "chainer.training.extensions.evaluator.Evaluator",
-    }
-)
-TRAINER = frozenset({"chainer.training.Trainer", "chainer.training.trainer.Trainer"})
-MULTIPROCESS_ITERATOR = frozenset(
-    {
-        "chainer.iterators.MultiprocessIterator",
-        "chainer.iterators.multiprocess_iterator.MultiprocessIterator",
-    }
-)
-ITERATOR_CLASSES = MULTIPROCESS_ITERATOR | frozenset(
-    {
-        "chainer.iterators.SerialIterator",
-        "chainer.iterators.serial_iterator.SerialIterator",
-        "chainer.iterators.MultithreadIterator",
-        "chainer.iterators.multithread_iterator.MultithreadIterator",
-    }
-)
 
 # Extensions that write files or print: they belong on one rank (DESIGN §1, "rank-0 guards").
-# The converter guards exactly these (mnify.rewrites.chainer_names), so lint and convert agree.
+# Lint's MN401 flags and the converter guards exactly these.
 REPORTING_EXTENSION_NAMES = frozenset(
     {
         "LogReport",
@@ -97,15 +73,6 @@ REPORTING_EXTENSION_NAMES = frozenset(
     }
 )
 DUMP_GRAPH_NAMES = frozenset({"DumpGraph", "dump_graph"})
-SAVE_FUNCTIONS = frozenset(
-    {
-        "chainer.serializers.save_npz",
-        "chainer.serializers.save_hdf5",
-        "chainer.serializers.npz.save_npz",
-        "chainer.serializers.hdf5.save_hdf5",
-    }
-)
-_EXTENSIONS_PREFIX = "chainer.training.extensions."
 
 # Calls that return a device object whose ``.use()`` makes it current.
 DEVICE_GETTERS = frozenset(
@@ -224,6 +191,8 @@ COLLECTIVE_METHODS = frozenset(
         "reduce_scatter",
         "Reduce_scatter",
         "multi_node_mean_grad",
+        "allreduce_grad",
+        "broadcast_data",
         "split",
         "Split",
     }
@@ -277,26 +246,18 @@ def any_in(names: Iterable[str], wanted: frozenset[str]) -> bool:
     return any(name in wanted for name in names)
 
 
+def any_is(names: Iterable[str], predicate: Callable[[str], bool]) -> bool:
+    """True when one of ``names`` satisfies ``predicate`` (``any_is(names, is_trainer)``)."""
+    return any(predicate(name) for name in names)
+
+
 def is_reporting_extension(name: str) -> bool:
-    return name.startswith(_EXTENSIONS_PREFIX) and name.rsplit(".", 1)[1] in (
-        REPORTING_EXTENSION_NAMES
-    )
+    """An extension that writes files or the terminal: rank 0 only (DESIGN §1, rank-0 guards)."""
+    return is_extension(name, *REPORTING_EXTENSION_NAMES)
 
 
 def is_dump_graph(name: str) -> bool:
-    return name.startswith(_EXTENSIONS_PREFIX) and name.rsplit(".", 1)[1] in DUMP_GRAPH_NAMES
-
-
-def is_extension(name: str) -> bool:
-    return name.startswith(_EXTENSIONS_PREFIX)
-
-
-def is_optimizer_class(name: str) -> bool:
-    """``chainer.optimizers.Adam`` (or ``chainer.optimizers.adam.Adam``): a concrete optimizer."""
-    if not name.startswith("chainer.optimizers."):
-        return False
-    last = name.rsplit(".", 1)[1]
-    return last[:1].isupper() and not last.endswith(("Hook", "Rule"))
+    return is_extension(name, *DUMP_GRAPH_NAMES)
 
 
 def is_dataset_factory(name: str) -> bool:
@@ -326,3 +287,158 @@ def env_rank_kind(key: str) -> str | None:
 def looks_like_communicator(identifier: str) -> bool:
     """Naming convention for communicators passed around as parameters (``comm``, ``self.comm``)."""
     return bool(_COMM_NAME.match(identifier))
+
+
+# ------------------------------------------------------------------------- name helpers
+def last(qname: str) -> str:
+    """The last component of a dotted name."""
+    return qname.rsplit(".", 1)[-1]
+
+
+def under(qname: str, package: str) -> bool:
+    """``qname`` is ``package`` or lives inside it."""
+    return qname == package or qname.startswith(package + ".")
+
+
+def is_runtime_name(qname: str, *paths: str) -> bool:
+    """``chainermn.X`` or ``mnify.runtime.X`` (or any submodule spelling of X) for X in paths."""
+    bare = qname.lstrip(".")
+    return any(under(bare, pkg) for pkg in _MN_PACKAGES) and last(bare) in {last(p) for p in paths}
+
+
+# ------------------------------------------------------------------------- Chainer classes
+def is_link(qname: str, name: str) -> bool:
+    """A ``chainer.links`` class by its last name (any submodule spelling)."""
+    return under(qname, "chainer.links") and last(qname) == name
+
+
+_NOT_OPTIMIZERS = frozenset({"Optimizer", "GradientMethod", "UpdateRule", "Hyperparameter"})
+
+
+def is_optimizer(qname: str) -> bool:
+    """A concrete optimizer (``chainer.optimizers.Adam``, ``chainer.optimizers.adam.Adam``);
+    not its update rule (``AdamRule``), hooks or base classes."""
+    name = last(qname)
+    return (
+        under(qname, "chainer.optimizers")
+        and name[:1].isupper()
+        and not name.endswith(("Hook", "Rule"))
+        and name not in _NOT_OPTIMIZERS
+        and qname.count(".") <= 3
+    )
+
+
+ITERATOR_NAMES = frozenset(
+    {"SerialIterator", "MultiprocessIterator", "MultithreadIterator", "DaliIterator"}
+)
+
+
+def is_iterator(qname: str) -> bool:
+    """One of Chainer's dataset iterators."""
+    return under(qname, "chainer.iterators") and last(qname) in ITERATOR_NAMES
+
+
+def is_multiprocess_iterator(qname: str) -> bool:
+    return under(qname, "chainer.iterators") and last(qname) == "MultiprocessIterator"
+
+
+def is_trainer(qname: str) -> bool:
+    return under(qname, "chainer.training") and last(qname) == "Trainer"
+
+
+def is_evaluator(qname: str) -> bool:
+    return is_extension(qname, "Evaluator")
+
+
+def is_batch_normalization(qname: str) -> bool:
+    return is_link(qname, "BatchNormalization")
+
+
+def is_serializer_save(qname: str) -> bool:
+    """``chainer.serializers.save_npz`` / ``save_hdf5`` (any submodule spelling)."""
+    return under(qname, "chainer.serializers") and last(qname).startswith("save_")
+
+
+def is_early_stopping(qname: str) -> bool:
+    return under(qname, "chainer.training.triggers") and last(qname) == "EarlyStoppingTrigger"
+
+
+def is_extension(qname: str, *names: str) -> bool:
+    """A ``chainer.training.extensions`` name; with ``names``, one of those."""
+    return under(qname, "chainer.training.extensions") and (not names or last(qname) in names)
+
+
+# Library models that contain BatchNormalization (wrapped with create_mnbn_model where built).
+BN_LIBRARY_MODELS = frozenset({"ResNet50Layers", "ResNet101Layers", "ResNet152Layers", "GoogLeNet"})
+
+# Trainer updaters that drive several GPUs from one process (a person must choose one per rank).
+MULTI_GPU_UPDATERS = frozenset({"ParallelUpdater", "MultiprocessParallelUpdater"})
+
+
+def is_multi_gpu_updater(qname: str) -> bool:
+    return under(qname, "chainer.training") and last(qname) in MULTI_GPU_UPDATERS
+
+
+def is_library_bn_model(qname: str) -> bool:
+    """A model Chainer ships that holds BatchNormalization (``L.ResNet50Layers``)."""
+    return under(qname, "chainer.links") and last(qname) in BN_LIBRARY_MODELS
+
+
+def is_link_name(qname: str) -> bool:
+    """Anything in ``chainer.links`` (a layer constructor: allocation, not work)."""
+    return under(qname, "chainer.links")
+
+
+# Roots whose names the converter prefers when a call resolves to several (an import of a
+# framework name beats a local alias).
+KNOWN_ROOTS = ("chainer", "chainermn", "mnify")
+# Where ChainerMN keeps its iterator factories (mnify re-exports them at the top).
+CHAINERMN_ITERATORS_MODULE = "chainermn.iterators"
+
+
+def is_chainer_name(qname: str) -> bool:
+    """Defined by Chainer itself (not by the user or another library)."""
+    return under(qname, "chainer")
+
+
+# ------------------------------------------------------------------------- fork hazards
+def fork_hazard(qname: str) -> str | None:
+    """Why a call forks the MPI process (a hazard under Open MPI), or None."""
+    if qname in FORK_CALLS:
+        return "forks the MPI process"
+    if qname in SUBPROCESS_CALLS or under(qname, "subprocess"):
+        return "starts a child process (a fork of the MPI process)"
+    if qname in PROCESS_FACTORIES or under(qname, "multiprocessing"):
+        return "starts worker processes (by fork, unless the start method says otherwise)"
+    if is_dump_graph(qname):
+        return "runs Graphviz's dot in a child process (a fork), which crashes Open MPI jobs"
+    return None
+
+
+# ------------------------------------------------------------------------- multi-node runtime
+def is_communicator_factory(qname: str) -> bool:
+    return qname.lstrip(".") in COMMUNICATOR_FACTORIES
+
+
+def is_scatter(qname: str) -> bool:
+    return qname.lstrip(".") in SCATTER_FUNCTIONS
+
+
+def is_multi_node_optimizer_factory(qname: str) -> bool:
+    return qname.lstrip(".") in MULTI_NODE_OPTIMIZER_FACTORIES
+
+
+def is_multi_node_evaluator_factory(qname: str) -> bool:
+    return qname.lstrip(".") in MULTI_NODE_EVALUATOR_FACTORIES
+
+
+def is_multi_node_iterator_factory(qname: str) -> bool:
+    return is_runtime_name(qname, "create_multi_node_iterator", "create_synchronized_iterator")
+
+
+def is_mnbn_factory(qname: str) -> bool:
+    return is_runtime_name(qname, "create_mnbn_model")
+
+
+def is_parallel_convolution(qname: str) -> bool:
+    return is_runtime_name(qname, "ParallelConvolution2D")

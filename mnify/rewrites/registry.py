@@ -1,0 +1,104 @@
+"""The registry of rewrites: one code space for what lint finds and what convert fixes.
+
+Every rewrite module registers its planning function with :func:`rewrite`, naming its step,
+its place in the order, and the lint rules it fixes (TorchFix's way: the finding carries its
+fix). The report files a rewrite's entries under its rule code, and ``# noqa: MN503`` keeps
+the optimizer rewrite off a line exactly as it silences lint's MN503 there. Steps only the
+converter takes (creating the communicator, scaling, model parallel, threading ``comm``) have
+codes of their own (MN8xx); the MN80x codes each step had before the registry still work in
+``# noqa``.
+
+Adding a rewrite is one module that calls :func:`rewrite` (it is found by
+:func:`load_rewrites`) and one fixture pair.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mnify.rewrites.context import FileContext
+
+PlanFn = Callable[["FileContext"], None]
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    step: str  # what the report and messages call it ("optimizer", "rank0-guard")
+    order: int  # planning order; later steps see earlier steps' edits
+    fixes: tuple[str, ...]  # lint rules this rewrite fixes (empty: a converter-only step)
+    own_code: str  # the MN8xx code of the step (converter-only steps report under it)
+    plan: PlanFn
+
+    @property
+    def code(self) -> str:
+        """The code the step's report entries carry: its first lint rule, else its own."""
+        return self.fixes[0] if self.fixes else self.own_code
+
+    @property
+    def codes(self) -> frozenset[str]:
+        """Every code that names this step in ``# noqa`` and ``--select``."""
+        return frozenset({*self.fixes, self.own_code})
+
+
+_REWRITES: dict[str, Rewrite] = {}
+# Steps that are not planning functions but still have codes (emitted late, or project-wide).
+_OTHER_STEPS: dict[str, tuple[str, ...]] = {
+    "threading": ("MN811",),
+    "lint": (),
+    "distributed": (),
+}
+
+
+def rewrite(
+    step: str, *, order: int, fixes: tuple[str, ...] = (), code: str
+) -> Callable[[PlanFn], PlanFn]:
+    """Register the decorated ``plan(ctx)`` as the rewrite ``step``."""
+
+    def register(plan: PlanFn) -> PlanFn:
+        if step in _REWRITES and _REWRITES[step].plan is not plan:
+            raise ValueError(f"rewrite step {step!r} registered twice")
+        _REWRITES[step] = Rewrite(step, order, fixes, code, plan)
+        return plan
+
+    return register
+
+
+def load_rewrites() -> list[Rewrite]:
+    """Every registered rewrite, in planning order (imports the package's modules once)."""
+    import mnify.rewrites as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+    return sorted(_REWRITES.values(), key=lambda r: (r.order, r.step))
+
+
+def step_codes(step: str) -> frozenset[str]:
+    """The codes that name ``step`` (for ``# noqa``); empty for an unknown step."""
+    found = _REWRITES.get(step)
+    if found is not None:
+        return found.codes
+    return frozenset(_OTHER_STEPS.get(step, ()))
+
+
+def step_code(step: str) -> str:
+    """The code a report entry of ``step`` carries."""
+    found = _REWRITES.get(step)
+    if found is not None:
+        return found.code
+    codes = _OTHER_STEPS.get(step, ())
+    return codes[0] if codes else ""
+
+
+def fixes_for(codes: frozenset[str]) -> list[Rewrite]:
+    """The rewrites that fix any of the lint rules ``codes`` (``mnify lint --fix``)."""
+    return [r for r in load_rewrites() if set(r.fixes) & codes]
+
+
+def fixable_codes() -> frozenset[str]:
+    """Every lint rule some rewrite fixes."""
+    return frozenset(code for r in load_rewrites() for code in r.fixes)
