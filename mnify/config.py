@@ -10,6 +10,7 @@ directories). Unknown keys are an error, as in ruff.
 from __future__ import annotations
 
 import fnmatch
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +119,8 @@ class ConfigFinder:
         self._by_directory: dict[Path, LintConfig] = {}
 
     def for_path(self, path: Path) -> LintConfig:
-        start = path.resolve()
+        # realpath, not resolve(): resolve() raises on a symlink loop (Python 3.11)
+        start = Path(os.path.realpath(path))
         directory = start if start.is_dir() else start.parent
         return self._for_directory(directory)
 

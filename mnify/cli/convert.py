@@ -43,8 +43,12 @@ class _Failures:
     lines: list[str] = field(default_factory=list)
 
     def add(self, path: str, reason: str, *, positional: bool = False) -> None:
-        """``positional`` reasons (``LINE:COL: ...``) read as ``cannot convert PATH: ...``."""
+        """``positional`` reasons (``LINE:COL: ...``) read as ``cannot convert PATH: ...``;
+        the converter's own failures (``internal: LINE: ...``) as ``internal: PATH:LINE: ...``."""
         self.reasons.setdefault(path, reason)
+        if reason.startswith("internal: "):
+            self.lines.append(f"error: internal: {path}:{reason.removeprefix('internal: ')}")
+            return
         prefix = "cannot convert " if positional else ""
         self.lines.append(f"error: {prefix}{path}: {reason}")
 

@@ -173,7 +173,9 @@ def test_planted_bug_through_the_console_script_writes_nothing(tmp_path: Path) -
         cwd=ROOT,
     )
     assert run.returncode == 2, run.stderr
-    assert "internal" in run.stderr and "moved from under" in run.stderr
+    first = run.stderr.splitlines()[0]
+    assert first.startswith(f"error: internal: {src}:25: "), first
+    assert "moved from under" in first
     assert "Traceback" not in run.stderr
     assert not out.exists()
     assert src.read_text() == LOOP
