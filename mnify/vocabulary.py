@@ -401,20 +401,6 @@ def is_chainer_name(qname: str) -> bool:
     return under(qname, "chainer")
 
 
-# ------------------------------------------------------------------------- fork hazards
-def fork_hazard(qname: str) -> str | None:
-    """Why a call forks the MPI process (a hazard under Open MPI), or None."""
-    if qname in FORK_CALLS:
-        return "forks the MPI process"
-    if qname in SUBPROCESS_CALLS or under(qname, "subprocess"):
-        return "starts a child process (a fork of the MPI process)"
-    if qname in PROCESS_FACTORIES or under(qname, "multiprocessing"):
-        return "starts worker processes (by fork, unless the start method says otherwise)"
-    if is_dump_graph(qname):
-        return "runs Graphviz's dot in a child process (a fork), which crashes Open MPI jobs"
-    return None
-
-
 # ------------------------------------------------------------------------- multi-node runtime
 def is_communicator_factory(qname: str) -> bool:
     return qname.lstrip(".") in COMMUNICATOR_FACTORIES

@@ -335,6 +335,7 @@ def _report(texts: dict[str, SourceText], results: list[FileResult], failures: _
             report.files.append(FileOutcome(path, error=reason))
     for r in results:
         report.extend(r.entries)
+        report.found.extend(r.found)
         error = failures.reasons.get(r.path)
         changed = r.changed and error is None
         report.files.append(FileOutcome(r.path, changed=changed, error=error, skipped=r.skipped))

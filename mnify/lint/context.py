@@ -129,6 +129,9 @@ class LintContext:
         # functions of other files of the project that perform a collective:
         # qualified name ("helpers.load_data") -> the collective ("scatter_dataset")
         self.external_collectives: Mapping[str, str] = {}
+        # "data" / "model": judge the file as part of a data- / model-parallel program even
+        # if it creates no communicator itself (the converter's view of its input and output)
+        self.assume: str | None = None
         # node type -> handler; a dict lookup per node keeps the shared walk cheap
         self._on_enter: dict[type[cst.CSTNode], Callable[[Any], None]] = {
             cst.Call: self._enter_call,
@@ -161,12 +164,13 @@ class LintContext:
 
     @property
     def is_distributed(self) -> bool:
-        """Creates a communicator (chainermn or mnify.runtime, any import style)."""
-        return bool(self.communicator_calls)
+        """Creates a communicator (chainermn or mnify.runtime, any import style), or is taken
+        to be part of a distributed program (``assume``)."""
+        return bool(self.communicator_calls) or self.assume is not None
 
     @property
     def is_model_parallel(self) -> bool:
-        return bool(self.model_parallel_uses)
+        return bool(self.model_parallel_uses) or self.assume == "model"
 
     @property
     def is_data_parallel(self) -> bool:

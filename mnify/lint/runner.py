@@ -99,6 +99,7 @@ def lint_source(
     ignore: Sequence[str] | None = None,
     extend_select: Sequence[str] | None = None,
     external_collectives: Mapping[str, str] | None = None,
+    assume: str | None = None,
 ) -> list[Diagnostic]:
     """Lint one file's text. Raises ``LintSyntaxError`` when it does not parse and
     ``SelectorError`` for an unknown selector."""
@@ -112,6 +113,7 @@ def lint_source(
         extend_select=extend_select,
         source=source,
         external_collectives=external_collectives,
+        assume=assume,
     )
 
 
@@ -124,11 +126,14 @@ def lint_wrapper(
     extend_select: Sequence[str] | None = None,
     source: str | None = None,
     external_collectives: Mapping[str, str] | None = None,
+    assume: str | None = None,
 ) -> list[Diagnostic]:
     """Lint an already built ``MetadataWrapper`` (the converter shares its resolution: metadata
     already resolved on ``wrapper`` is reused, not recomputed). ``external_collectives`` names
     the functions of other files of the project that perform collectives (see
-    :func:`project_collectives`), so calling one under a rank check is found too."""
+    :func:`project_collectives`), so calling one under a rank check is found too. ``assume``
+    ("data" or "model") judges the file as part of a data- or model-parallel program even if it
+    creates no communicator (how ``mnify convert`` reads its input and its output)."""
     rules = select_rules(select, ignore, extend_select)
     text = source if source is not None else wrapper.module.code
     suppressions = parse_suppressions(text)
@@ -136,6 +141,7 @@ def lint_wrapper(
         return []
     ctx = LintContext(path, wrapper.resolve(QualifiedNameProvider))
     ctx.external_collectives = external_collectives or {}
+    ctx.assume = assume
     active = [rule(ctx) for rule in rules]
     wrapper.module.visit(_Walker(ctx, active))
     findings: list[tuple[Rule, Finding]] = []

@@ -49,12 +49,12 @@ class FileContext:
     options: ConvertOptions
     plan: EditPlan = field(default_factory=EditPlan)
     entries: list[ReportEntry] = field(default_factory=list)
+    found: list[ReportEntry] = field(default_factory=list)  # lint's findings in the input
     entry: Entry | None = None
     comm_needed: bool = False
     needs_comm_funcs: dict[str, cst.FunctionDef] = field(default_factory=dict)
     needs_comm_classes: dict[str, cst.ClassDef] = field(default_factory=dict)
     imports_needed: set[str] = field(default_factory=set)
-    lint_reported: bool = False  # mnify lint ran on this file (its findings are in entries)
     # functions of the project that reach a collective once converted ("helpers.load_data"):
     # a call of one is never put under a rank guard
     collective_callees: frozenset[str] = frozenset()

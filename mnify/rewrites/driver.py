@@ -17,19 +17,27 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from mnify.lint import Diagnostic, LintSyntaxError, lint_source, project_collectives
+from mnify.lint import (
+    ALL_RULES,
+    Diagnostic,
+    LintSyntaxError,
+    lint_source,
+    lint_wrapper,
+    project_collectives,
+)
 from mnify.lint.noqa import parse_suppressions
 from mnify.rewrites import communicator, distributed, imports
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import ApplyEdits
 from mnify.rewrites.facts import FactCollector
 from mnify.rewrites.options import ConvertOptions
-from mnify.rewrites.registry import load_rewrites
+from mnify.rewrites.registry import fixable_codes, load_rewrites
 from mnify.rewrites.report import ReportEntry
 from mnify.rewrites.verify import PlanRecords, VerificationError, check_output, kind_name
 
 # rules the converter's output must not newly break (MN301 deadlocks: error; MN302: report)
 _DEADLOCK_RULES = ("MN301", "MN302")
+_DEFAULT_CODES = frozenset(r.code for r in ALL_RULES if r.default_enabled)
 _DISTRIBUTED = re.compile(r"create_communicator|comm\.rank|\bchainermn\b")
 
 
@@ -43,6 +51,8 @@ class FileResult:
     error: str | None = None
     skipped: str | None = None
     entries: list[ReportEntry] = field(default_factory=list)
+    # what lint found in the input read as a distributed program (fixable rules)
+    found: list[ReportEntry] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -105,32 +115,35 @@ def _peek_bn_factory(paths: list[str], converted: set[str]) -> Callable[[str], b
     return peek
 
 
-def _lint_findings(ctx: FileContext) -> bool:
-    """Put ``mnify lint``'s hazards that conversion does not remove into the report.
+def _assumed(options: ConvertOptions) -> str:
+    """How lint judges the files of a conversion: parts of a data- or model-parallel program."""
+    return "data" if options.data_parallel else "model"
+
+
+def _lint_input(ctx: FileContext) -> None:
+    """What ``mnify lint`` finds in the input read as the distributed program it is to become:
+    the fixable rules' findings, for the report's by-rule count (the rewrites fix them).
 
     Lint shares this file's resolved ``MetadataWrapper``, so it costs one more walk, not a
-    second name resolution. Returns False when lint is unavailable (the rewrites then report
-    fork hazards themselves).
+    second name resolution. A lint failure costs a note, never the conversion.
     """
+    wanted = [code for code in fixable_codes() if code in _DEFAULT_CODES]
     try:
-        from mnify.lint import ALL_RULES, lint_wrapper
-    except ImportError:
-        return False
-    # Only hazards conversion leaves behind matter here (fixable ones are rewritten away).
-    wanted = [r.code for r in ALL_RULES if not r.fixable and r.default_enabled]
-    try:
-        diagnostics = lint_wrapper(ctx.wrapper, ctx.path, source=ctx.source, select=wanted)
-    except Exception as exc:  # a lint bug must not cost the user their conversion
+        found = lint_wrapper(
+            ctx.wrapper,
+            ctx.path,
+            source=ctx.source,
+            select=wanted,
+            assume=_assumed(ctx.options),
+        )
+    except Exception as exc:
         ctx.entries.append(
             ReportEntry(ctx.path, 1, "lint", "info", f"lint failed on this file: {exc}")
         )
-        return False
-    for d in diagnostics:
-        if not d.fixable:
-            ctx.entries.append(
-                ReportEntry(ctx.path, d.line, "lint", "needs-person", d.message, d.code)
-            )
-    return True
+        return
+    ctx.found.extend(
+        ReportEntry(ctx.path, d.line, "lint", "info", d.message, d.code) for d in found
+    )
 
 
 def _report_unconverted_callers(contexts: Mapping[str, FileContext], paths: list[str]) -> None:
@@ -184,12 +197,12 @@ def convert_sources(
     """
     options = options or ConvertOptions()
     results = _convert_project(sources, options, progress, frozenset())
-    new = _new_collective_findings(results)
+    new = _new_collective_findings(results, options)
     if new:
         outputs = {p: r.output for p, r in results.items() if r.output is not None}
         callees = frozenset(project_collectives(outputs))
         results = _convert_project(sources, options, None, callees)
-        new = _new_collective_findings(results)
+        new = _new_collective_findings(results, options)
     for path, finding in new.items():
         result = results[path]
         result.error = f"internal: {finding.line}: {finding.message} (MN301, not in the input)"
@@ -204,10 +217,13 @@ def _finding_keys(source: str, findings: list[Diagnostic]) -> Counter[tuple[str,
     )
 
 
-def _new_collective_findings(results: Mapping[str, FileResult]) -> dict[str, Diagnostic]:
-    """MN301 findings of the converted project that its input did not have (first per file);
-    new MN302 findings go to the report."""
-    done = {p: r for p, r in results.items() if r.output is not None}
+def _new_collective_findings(
+    results: Mapping[str, FileResult], options: ConvertOptions
+) -> dict[str, Diagnostic]:
+    """Lint the converted project, each file as part of the distributed program: MN301 findings
+    its input did not have are returned (first per file: an internal error); every other
+    hazard left in the output goes to the report as needing a person."""
+    done = {p: r for p, r in results.items() if r.output is not None and r.skipped is None}
     if not any(r.changed for r in done.values()):
         return {}
     outputs = {p: r.output for p, r in done.items() if r.output is not None}
@@ -217,15 +233,21 @@ def _new_collective_findings(results: Mapping[str, FileResult]) -> dict[str, Dia
     external_in = project_collectives(inputs) if distributed_input else {}
     new: dict[str, Diagnostic] = {}
     for path, result in done.items():
-        if not result.changed:
-            continue
-        select = list(_DEADLOCK_RULES)
         try:
             after = lint_source(
-                outputs[path], path, select=select, external_collectives=external_out
+                outputs[path],
+                path,
+                select=sorted(_DEFAULT_CODES),
+                external_collectives=external_out,
+                assume=_assumed(options),
             )
             before = (
-                lint_source(inputs[path], path, select=select, external_collectives=external_in)
+                lint_source(
+                    inputs[path],
+                    path,
+                    select=list(_DEADLOCK_RULES),
+                    external_collectives=external_in,
+                )
                 if _DISTRIBUTED.search(inputs[path])
                 else []
             )
@@ -235,18 +257,39 @@ def _new_collective_findings(results: Mapping[str, FileResult]) -> dict[str, Dia
         lines = outputs[path].splitlines()
         for finding in after:
             key = (finding.code, lines[finding.line - 1].strip() if finding.line else "")
-            if had[key] > 0:
+            if finding.code in _DEADLOCK_RULES and had[key] > 0:
                 had[key] -= 1
                 continue
             if finding.code == "MN301":
                 new.setdefault(path, finding)
-            else:
-                result.entries.append(
-                    ReportEntry(
-                        path, finding.line, "lint", "needs-person", finding.message, finding.code
-                    )
+                continue
+            result.entries.append(
+                ReportEntry(
+                    path,
+                    _input_line(result, finding.line),
+                    "lint",
+                    "needs-person",
+                    finding.message,
+                    finding.code,
                 )
+            )
     return new
+
+
+def _input_line(result: FileResult, output_line: int) -> int:
+    """The input line an output line came from (the nearest unchanged line above it)."""
+    if result.output is None or result.output == result.source:
+        return output_line
+    matcher = difflib.SequenceMatcher(
+        None, result.source.splitlines(), result.output.splitlines(), autojunk=False
+    )
+    best = 1
+    for a, b, size in matcher.get_matching_blocks():
+        if b <= output_line - 1 < b + size:
+            return a + (output_line - 1 - b) + 1
+        if b + size <= output_line - 1:
+            best = a + size
+    return best
 
 
 def _convert_project(
@@ -325,7 +368,7 @@ def _convert_project(
 def _plan_file(ctx: FileContext) -> None:
     """Every registered rewrite plans its edits, in the registry's order (the dataset's
     loading guards before the print guards; the forkserver after everything that needs comm)."""
-    _lint_findings(ctx)
+    _lint_input(ctx)
     only = ctx.options.only_codes
     for step in load_rewrites():
         if only is not None and step.step != "communicator" and not (step.codes & only):
@@ -341,6 +384,7 @@ def _finish_file(ctx: FileContext, result: FileResult) -> None:
     communicator.emit(ctx, ctx.preamble)
     imports.emit(ctx)
     result.entries = ctx.entries
+    result.found = ctx.found
     if not ctx.plan:
         result.output = ctx.source
         return

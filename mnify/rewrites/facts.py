@@ -281,7 +281,7 @@ class FactCollector(cst.CSTVisitor):
             self._stmts.append(node)
             if isinstance(node, cst.If) and _is_rank0_test(node.test):
                 self._rank0 += 1
-            if isinstance(node, cst.If) and _mentions_rank(node.test):
+            if isinstance(node, cst.If) and mentions_rank(node.test):
                 self._rank_test += 1
         return super().on_visit(node)
 
@@ -291,7 +291,7 @@ class FactCollector(cst.CSTVisitor):
             self._stmts.pop()
             if isinstance(original_node, cst.If) and _is_rank0_test(original_node.test):
                 self._rank0 -= 1
-            if isinstance(original_node, cst.If) and _mentions_rank(original_node.test):
+            if isinstance(original_node, cst.If) and mentions_rank(original_node.test):
                 self._rank_test -= 1
 
     def _stmt(self) -> cst.BaseStatement | None:
@@ -356,8 +356,8 @@ class FactCollector(cst.CSTVisitor):
                 self._arg_of[id(arg.value)] = (node, qname)
 
 
-def _mentions_rank(test: cst.BaseExpression) -> bool:
-    """A test that reads a rank (``comm.rank``, ``comm.intra_rank``, ``comm.inter_rank``)."""
+def mentions_rank(test: cst.CSTNode) -> bool:
+    """An expression that reads a rank (``comm.rank``, ``comm.intra_rank``, ``comm.inter_rank``)."""
     found = False
 
     class _Finder(cst.CSTVisitor):

@@ -4,8 +4,8 @@
 (``multiprocessing.set_start_method('forkserver')`` and one dummy process started and joined)
 goes in before the communicator is created: later workers are forked from the clean server,
 never from the MPI process. Other fork hazards (``subprocess``, ``os.system``, ``os.fork``,
-``multiprocessing``, ``DumpGraph``) are reported for a person to judge (once: where ``mnify
-lint`` already reported one, its MN2xx entry stands).
+``multiprocessing``, ``DumpGraph``) have no safe rewrite: ``mnify lint``'s MN2xx rules find them
+in the converted output and the report lists them for a person.
 """
 
 from __future__ import annotations
@@ -26,26 +26,7 @@ def plan(ctx: FileContext) -> None:
 
 def _plan(ctx: FileContext) -> list[cst.BaseStatement]:
     facts = ctx.facts
-    # lines where mnify lint already reported a fork hazard (MN2xx): not reported twice
-    linted = {e.line for e in ctx.entries if e.step == "lint" and e.code.startswith("MN2")}
     has_preamble = any(c.qname == "multiprocessing.set_start_method" for c in facts.calls)
-    for call in facts.calls:
-        if has_preamble and (
-            call.qname in ("multiprocessing.set_start_method", "multiprocessing.Process")
-            or (call.method in ("start", "join") and call.receiver is not None)
-        ):
-            continue
-        why = vocab.fork_hazard(call.qname)
-        if why is None or ctx.line(call.node) in linted:
-            continue
-        if not ctx.suppressed(call.node, "fork-hazard"):
-            ctx.note(
-                call.node,
-                "fork-hazard",
-                "needs-person",
-                f"{call.qname} {why} under MPI: avoid it in the training process "
-                "or run it before the communicator exists",
-            )
     mp_calls = [c for c in facts.calls if vocab.is_multiprocess_iterator(c.qname)]
     entry = ctx.entry
     if not mp_calls or has_preamble or entry is None or entry.exists:

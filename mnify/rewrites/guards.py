@@ -16,10 +16,21 @@ import libcst as cst
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import Guard
-from mnify.rewrites.facts import CallFact
+from mnify.rewrites.facts import CallFact, mentions_rank
 from mnify.rewrites.registry import rewrite
 
 RANK0 = Guard("rank0")
+
+
+def _code_of(what: str) -> str:
+    """The lint rule a writer falls under: prints MN902, saves MN402, extensions MN401."""
+    if what == "print":
+        return "MN902"
+    if what.startswith("save_"):
+        return "MN402"
+    return "MN401"
+
+
 # writers whose file holds model parameters: incomplete under model parallel on rank 0 alone
 _MODEL_SAVERS = frozenset({"snapshot", "snapshot_object", "save_npz", "save_hdf5"})
 
@@ -27,7 +38,8 @@ _MODEL_SAVERS = frozenset({"snapshot", "snapshot_object", "save_npz", "save_hdf5
 def _writer_name(ctx: FileContext, call: CallFact) -> str | None:
     """What this call writes, when it is a statement only rank 0 should run."""
     if call.qname in ("print", "builtins.print"):
-        return "print"
+        # a print that names the rank is meant for every rank ("rank 3 ready")
+        return None if mentions_rank(call.node) else "print"
     if vocab.is_serializer_save(call.qname):
         return vocab.last(call.qname)
     if call.method == "extend" and call.node.args:
@@ -89,6 +101,7 @@ def plan(ctx: FileContext) -> None:
         seen.add(id(stmt))
         if _guardable(ctx, stmt) is None:
             continue
+        code = _code_of(what)
         # Lift the guard to an enclosing `if` made only of writers.
         target = stmt
         while True:
@@ -105,7 +118,13 @@ def plan(ctx: FileContext) -> None:
             break
         if what == "print" and not ctx.visible(call.func):
             continue
-        if ctx.plan.is_guarded(target) or ctx.suppressed(target, "rank0-guard"):
+        codes = {_code_of(w) for w in _guardable(ctx, target) or [what]}
+        only = ctx.options.only_codes
+        if only is not None and not codes <= only:
+            continue
+        if ctx.plan.is_guarded(target) or any(
+            ctx.suppressed(target, "rank0-guard", c) for c in codes
+        ):
             continue
         reached = ctx.reaches_collective(target)
         if reached is not None:
@@ -115,6 +134,7 @@ def plan(ctx: FileContext) -> None:
                 "needs-person",
                 f"{what} stays on every rank: it calls {reached}(), which now reaches a "
                 "collective that every rank must join",
+                code,
             )
             continue
         comm = ctx.comm_at(call.func, what)
@@ -125,10 +145,11 @@ def plan(ctx: FileContext) -> None:
                 "needs-person",
                 f"{what} runs on every rank here and the communicator cannot reach it: "
                 "run it on rank 0 only",
+                code,
             )
             continue
         ctx.plan.guard_stmt(target, RANK0)
-        ctx.note(target, "rank0-guard", "changed", f"{what} on rank 0 only")
+        ctx.note(target, "rank0-guard", "changed", f"{what} on rank 0 only", code)
         if not ctx.options.data_parallel and what in _MODEL_SAVERS:
             ctx.note(
                 target,

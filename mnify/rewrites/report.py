@@ -48,6 +48,8 @@ class Report:
 
     entries: list[ReportEntry] = field(default_factory=list)
     files: list[FileOutcome] = field(default_factory=list)
+    # what lint found in the inputs, read as the distributed program they become
+    found: list[ReportEntry] = field(default_factory=list)
 
     def add(self, entry: ReportEntry) -> None:
         self.entries.append(entry)
@@ -77,6 +79,18 @@ class Report:
             text += f"; {people} item(s) need a person"
         return text
 
+    def by_rule(self) -> list[tuple[str, int, int, int]]:
+        """``(code, found in the input, changed, needing a person)`` per rule code, sorted:
+        lint finds, convert fixes, and one code names both."""
+        codes = {e.code for e in (*self.found, *self.entries) if e.code}
+        rows = []
+        for code in sorted(codes):
+            found = sum(1 for e in self.found if e.code == code)
+            changed = sum(1 for e in self.entries if e.code == code and e.severity == "changed")
+            people = sum(1 for e in self.entries if e.code == code and e.severity == "needs-person")
+            rows.append((code, found, changed, people))
+        return rows
+
     def render_text(self) -> str:
         """Plain text: the needs-a-person section first, then changes, then notes."""
         lines = ["# mnify conversion report", ""]
@@ -93,6 +107,11 @@ class Report:
             if not group:
                 lines.append("- (none)")
             lines.append("")
+        lines.append("## By rule")
+        lines.append("| code | found | changed | needs a person |")
+        lines.append("|---|---|---|---|")
+        lines.extend(f"| {c} | {f} | {ch} | {p} |" for c, f, ch, p in self.by_rule())
+        lines.append("")
         lines.append("## Files")
         for f in self.files:
             state = (
@@ -114,6 +133,10 @@ class Report:
             {
                 "entries": [asdict(e) for e in self.sorted_entries()],
                 "files": [asdict(f) for f in self.files],
+                "by_rule": [
+                    {"code": c, "found": f, "changed": ch, "needs_person": p}
+                    for c, f, ch, p in self.by_rule()
+                ],
                 "summary": self.summary(),
             },
             indent=2,
