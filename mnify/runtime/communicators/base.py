@@ -25,7 +25,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 from mpi4py import MPI
 
-from mnify.runtime import debug, kernels
+from mnify.runtime import debug, kernels, rank_state
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators import shared_memory
 from mnify.runtime.communicators.buckets import PlanCache
@@ -180,6 +180,7 @@ class CommunicatorBase:
         if self._finalized:
             raise RuntimeError(f"{signature.kind} on a finalized communicator")
         self._seq += 1
+        rank_state.entered(signature.kind, self._seq)
         if self._watchdog is not None:
             self._watchdog.start(signature.kind, self._seq, timed=timed)
         if self._debug:
@@ -190,6 +191,7 @@ class CommunicatorBase:
         watchdog still bounds the wait and blames ``peer``."""
         if self._finalized:
             raise RuntimeError(f"{kind} on a finalized communicator")
+        rank_state.entered(kind, self._seq)
         if self._watchdog is not None:
             self._watchdog.start(kind, self._seq, peer=peer)
 
@@ -198,16 +200,24 @@ class CommunicatorBase:
 
     def _mpi(self, comm: MPI.Comm, method: str, *args: Any, **kwargs: Any) -> None:
         """``comm.<method>(...)``, or its non-blocking twin ``I<method>`` under the watchdog."""
-        if self._watchdog is None:
-            getattr(comm, method)(*args, **kwargs)
-        else:
-            self._watchdog.wait(getattr(comm, "I" + method.lower())(*args, **kwargs))
+        rank_state.wait_begins()
+        try:
+            if self._watchdog is None:
+                getattr(comm, method)(*args, **kwargs)
+            else:
+                self._watchdog.wait(getattr(comm, "I" + method.lower())(*args, **kwargs))
+        finally:
+            rank_state.wait_ends()
 
     def _wait_all(self, requests: list[MPI.Request]) -> None:
-        if self._watchdog is None:
-            MPI.Request.Waitall(requests)
-        else:
-            self._watchdog.waitall(requests)
+        rank_state.wait_begins()
+        try:
+            if self._watchdog is None:
+                MPI.Request.Waitall(requests)
+            else:
+                self._watchdog.waitall(requests)
+        finally:
+            rank_state.wait_ends()
 
     # -- byte-level collectives (no _enter: parts of a public collective) --------------------------
 
@@ -515,10 +525,14 @@ class CommunicatorBase:
     def _recv_message(self, kind: str, source: int, tag: int) -> tuple[Any, np.ndarray]:
         size = np.empty(1, dtype=np.int64)
         status = MPI.Status()
-        if self._watchdog is None:
-            self.mpi_comm.Recv(size, source=source, tag=tag, status=status)
-        else:
-            self._watchdog.wait(self.mpi_comm.Irecv(size, source=source, tag=tag), status)
+        rank_state.wait_begins()
+        try:
+            if self._watchdog is None:
+                self.mpi_comm.Recv(size, source=source, tag=tag, status=status)
+            else:
+                self._watchdog.wait(self.mpi_comm.Irecv(size, source=source, tag=tag), status)
+        finally:
+            rank_state.wait_ends()
         # the rest of the message comes from whoever sent the first part (ANY_SOURCE/ANY_TAG)
         source, tag = status.Get_source(), status.Get_tag()
         head = np.empty(int(size[0]), dtype=np.uint8)

@@ -1,0 +1,184 @@
+"""Where this rank is, for ``mnify run``: doing its own work, waiting inside MPI, or exiting.
+
+A rank that leaves early (``sys.exit``, a ``return`` only it takes) blocks in ``MPI_Finalize``
+while the others wait for it in their next collective: the job hangs with no error anywhere. The
+launcher can only end such a job if it knows both facts, so each rank publishes them here.
+
+Under ``mnify run`` the launcher names a directory (``MNIFY_RANK_STATE_DIR``) and its host
+(``MNIFY_RANK_STATE_HOST``); the bootstrap calls :func:`start`, which maps a small file
+``rank-R`` in that directory. From then on the communicators' choke points write the rank's
+state into that memory: two stores around each MPI wait, no system call. Ranks on another host
+(whose directory the launcher cannot read) and processes not started by ``mnify run`` stay
+inactive, and every hook is then a test of one global.
+
+The record (64 bytes, little-endian): magic ``MNRS``, phase (u32), waits begun (i64), collective
+number (i64), collective name (32 bytes, NUL padded), exit status (i32), pid (i32).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+
+ENV_DIR = "MNIFY_RANK_STATE_DIR"
+ENV_HOST = "MNIFY_RANK_STATE_HOST"
+# the world rank as each MPI's launcher exports it, in order of preference
+RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+MAGIC = b"MNRS"
+_RECORD = struct.Struct("<4sIqq32sii")
+RECORD_BYTES = _RECORD.size
+_PHASE = struct.Struct("<I")
+_PHASE_AT = 4
+_WAITS = struct.Struct("<Iq")  # phase then waits: one store when a wait begins
+_ENTERED = struct.Struct("<q32s")
+_ENTERED_AT = 16
+_EXIT = struct.Struct("<i")
+_EXIT_AT = 56
+
+
+class Phase(IntEnum):
+    """What the rank is doing; ``UNKNOWN`` for a record not yet written."""
+
+    UNKNOWN = 0
+    RUNNING = 1  # its own work: Python code, computation, I/O
+    WAITING = 2  # inside an MPI call of a collective or a receive
+    EXITING = 3  # the script ended (blocked in MPI_Finalize, under mpi4py)
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """One rank's record, as the launcher reads it."""
+
+    rank: int
+    phase: Phase
+    waits: int  # how many MPI waits it has begun: a stuck wait keeps its number
+    seq: int  # the number of the collective it entered last (per communicator)
+    kind: str  # that collective's name
+    status: int  # exit status, once EXITING
+    pid: int
+
+
+def record_path(directory: str | os.PathLike[str], rank: int) -> Path:
+    return Path(directory) / f"rank-{rank}"
+
+
+def read_record(path: Path, rank: int) -> RankRecord | None:
+    """The record in ``path``; None when missing, short or not a record."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if len(raw) < RECORD_BYTES:
+        return None
+    magic, phase, waits, seq, kind, status, pid = _RECORD.unpack_from(raw)
+    if magic != MAGIC:
+        return None
+    try:
+        known = Phase(phase)
+    except ValueError:
+        known = Phase.UNKNOWN
+    name = kind.rstrip(b"\0").decode("utf-8", errors="replace")
+    return RankRecord(rank, known, waits, seq, name, status, pid)
+
+
+class StateFile:
+    """A rank's record, mapped into memory: every write is a store, not a system call."""
+
+    def __init__(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, RECORD_BYTES)
+            self.memory = mmap.mmap(fd, RECORD_BYTES)
+        finally:
+            os.close(fd)
+        _RECORD.pack_into(self.memory, 0, MAGIC, Phase.RUNNING, 0, 0, b"", 0, os.getpid())
+        self.waits = 0
+        self._names: dict[str, bytes] = {}
+
+    def entered(self, kind: str, seq: int) -> None:
+        name = self._names.get(kind)
+        if name is None:
+            name = self._names[kind] = kind.encode("utf-8")[:32]
+        _ENTERED.pack_into(self.memory, _ENTERED_AT, seq, name)
+
+    def wait_begins(self) -> None:
+        self.waits += 1
+        _WAITS.pack_into(self.memory, _PHASE_AT, Phase.WAITING, self.waits)
+
+    def wait_ends(self) -> None:
+        _PHASE.pack_into(self.memory, _PHASE_AT, Phase.RUNNING)
+
+    def exiting(self, status: int) -> None:
+        _EXIT.pack_into(self.memory, _EXIT_AT, status)
+        _PHASE.pack_into(self.memory, _PHASE_AT, Phase.EXITING)
+
+
+_record: StateFile | None = None
+
+
+def world_rank_from_env() -> int | None:
+    for name in RANK_ENVS:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def start() -> bool:
+    """Publish this rank's state if ``mnify run`` asked for it and can read it; True if so.
+
+    Called once by the bootstrap, before the script runs. Child processes never call it, so a
+    worker forked or spawned by the script does not speak for the rank.
+    """
+    global _record
+    if _record is not None:
+        return True
+    directory = os.environ.get(ENV_DIR, "")
+    rank = world_rank_from_env()
+    if not directory or rank is None or not os.path.isdir(directory):
+        return False
+    if os.environ.get(ENV_HOST, "") != socket.gethostname():
+        return False  # a directory of the same name on another host, or a shared file system
+    try:
+        _record = StateFile(record_path(directory, rank))
+    except OSError:
+        return False
+    return True
+
+
+def stop() -> None:
+    """Stop publishing (the record keeps its last state)."""
+    global _record
+    if _record is not None:
+        _record.memory.close()
+        _record = None
+
+
+def entered(kind: str, seq: int) -> None:
+    """The rank entered collective number ``seq`` (or a point-to-point call) named ``kind``."""
+    if _record is not None:
+        _record.entered(kind, seq)
+
+
+def wait_begins() -> None:
+    """The rank is about to wait inside MPI for other ranks."""
+    if _record is not None:
+        _record.wait_begins()
+
+
+def wait_ends() -> None:
+    """The wait is over (completed or raised)."""
+    if _record is not None:
+        _record.wait_ends()
+
+
+def exiting(status: int) -> None:
+    """The rank's script is over with ``status``; what follows is MPI's finalisation."""
+    if _record is not None:
+        _record.exiting(status)
