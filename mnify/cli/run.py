@@ -3,10 +3,14 @@
     mnify run -n 4 train_mn.py --epoch 3
     mnify run -n 8 --hostfile hosts train_mn.py
     mnify run -n 8 --host node1:4,node2:4 --watchdog 120 train_mn.py
+    mnify run -n 4 --summary-json verdict.json train_mn.py  # the verdict as data, for CI
     mnify run -n 8 --hostfile hosts --dry-run train_mn.py    # the command, for a batch script
 
-Exit status: the job's (mpiexec's); 2 for a usage error (missing script, unreadable hostfile, no
-mpiexec) without launching anything.
+Everything after SCRIPT belongs to the script; an option mnify does not know before it is a
+usage error. Exit status: the job's (mpiexec's, or the status of the rank whose early exit
+stranded the others); 128+N when stopped by signal N (SIGINT, SIGTERM, SIGHUP), after every
+process of the job is gone; 2 for a usage error (missing script, unreadable hostfile, no mpiexec)
+without launching anything.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import NoReturn
 import click
 
 from mnify.launch.command import LaunchSpec, build_command
-from mnify.launch.failures import summarize
+from mnify.launch.diagnosis import JobFacts, diagnose
 from mnify.launch.hosts import (
     HostSlots,
     HostSpecError,
@@ -30,7 +34,8 @@ from mnify.launch.hosts import (
 )
 from mnify.launch.mpiexec import ENV_MPIEXEC, MpiExecNotFound, describe_mpiexec, find_mpiexec
 from mnify.launch.runner import run_job
-from mnify.launch.verdict import render_summary
+from mnify.launch.verdict import render_text, write_json
+from mnify.runtime import debug
 
 
 def _fail(message: str) -> NoReturn:
@@ -46,10 +51,6 @@ def _read_hosts(hostfile: str | None, hosts: str | None) -> list[HostSlots] | No
     return None
 
 
-# What PRTE prints when it loses a remote daemon (a host dropped off the network).
-LOST_DAEMON = "lost communication with a remote daemon"
-
-
 def _exit_status(returncode: int) -> int:
     """mpiexec killed by a signal shows as -SIG from Popen; shells say 128+SIG."""
     return 128 - returncode if returncode < 0 else returncode
@@ -57,7 +58,7 @@ def _exit_status(returncode: int) -> int:
 
 @click.command(
     "run",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings={"allow_interspersed_args": False},
 )
 @click.option(
     "-n",
@@ -119,6 +120,22 @@ def _exit_status(returncode: int) -> int:
     show_default=True,
     help="Stop a job whose mpiexec outlives a failed rank by this many seconds.",
 )
+@click.option(
+    "--exit-timeout",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Stop a job whose rank has exited while another waits for it in a collective (0: never).",
+)
+@click.option(
+    "--summary-json",
+    "summary_json",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    metavar="FILE",
+    help="Write the verdict (category, culprit ranks, errors, hint) as JSON, also on success.",
+)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -133,6 +150,8 @@ def run(
     mpiexec_path: str | None,
     hold_seconds: float,
     abort_timeout: float,
+    exit_timeout: float,
+    summary_json: str | None,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -171,6 +190,7 @@ def run(
         watchdog=watchdog,
         mpi_args=extra_args,
         export=list(exports),
+        tag_ranks=tag_output or not dry_run,
     )
     command = build_command(spec, mpiexec)
     notes = list(command.notes)
@@ -198,37 +218,41 @@ def run(
         result = run_job(
             command,
             mpiexec.flavor,
+            nprocs=nprocs,
             out=sys.stdout,
             err=sys.stderr,
             tag_output=tag_output,
             hold_seconds=hold_seconds,
             abort_timeout=abort_timeout,
+            exit_timeout=exit_timeout,
         )
     except OSError as exc:
         _fail(f"cannot start {mpiexec.path}: {exc}")
-    status = _exit_status(result.returncode)
-    if status == 0 and (
-        any(tb.fatal for tb in result.tracebacks)
-        or LOST_DAEMON in result.launcher_text
-        or result.stopped_after_failure
-    ):
-        # Open MPI 5 sometimes exits 0 after a rank aborted or a host's daemon was lost; the job
-        # still failed, and a scheduler or CI must see that.
-        status = 1
-    if status == 0:
+    facts = JobFacts(
+        nprocs=nprocs,
+        exit_status=_exit_status(result.returncode),
+        tracebacks=result.tracebacks,
+        exit_reports=result.exit_reports,
+        launcher_text=result.launcher_text,
+        stranded=result.stranded,
+        stopped_after_failure=result.stopped_after_failure,
+        interrupted_by=result.interrupted_by,
+        ranks_heard=result.ranks_heard,
+        rerun_one_rank=shlex.join(["mnify", "run", "-n", "1", script, *script_args]),
+        debug=debug.enabled(),
+    )
+    verdict = diagnose(facts)
+    if summary_json is not None:
+        try:
+            write_json(summary_json, verdict)
+        except OSError as exc:
+            click.echo(f"warning: --summary-json {summary_json}: {exc}", err=True)
+    if verdict.ok:
         for tb in result.tracebacks:  # handled errors printed by a job that still succeeded
             if not tb.shown:
                 for line in tb.lines:
                     click.echo(f"[{tb.rank}] {line}" if tag_output else line, err=True)
         sys.exit(0)
-    if result.interrupted and not result.tracebacks:
-        click.echo("mnify run: interrupted; mpiexec stopped the ranks", err=True)
-        sys.exit(130)
-    rerun = shlex.join(["mnify", "run", "-n", "1", script, *script_args])
-    summary = summarize(result.tracebacks, nprocs, status, result.launcher_text, rerun)
     click.echo("", err=True)
-    click.echo(render_summary(summary), err=True)
-    if result.interrupted:
-        click.echo("mnify run: interrupted", err=True)
-        sys.exit(130)
-    sys.exit(status)
+    click.echo(render_text(verdict), err=True)
+    sys.exit(verdict.exit_status)

@@ -10,7 +10,12 @@ other ranks never wait forever in a collective. Unlike it, the failing rank firs
 parses), then waits ``MNIFY_ABORT_GRACE`` seconds (default 1) before aborting: an abort kills
 every rank at once, and without the pause the ranks failing the same way a moment later are
 killed before their tracebacks are out, so "the same error on every rank" would look like
-"an error on rank 0 only".
+"an error on rank 0 only". A non-zero ``sys.exit`` prints ``[mnify] rank R (host H) exited with
+status N`` instead of a traceback.
+
+It also starts :mod:`mnify.runtime.rank_state` and marks the rank as exiting when the script
+ends, whatever its status: a rank leaving while others wait in a collective is how a job hangs
+without any error, and ``mnify run`` ends such a job once it sees both.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import runpy
 import sys
 import time
 import traceback
+
+from mnify.runtime import rank_state
 
 GRACE_ENV = "MNIFY_ABORT_GRACE"
 DEFAULT_GRACE = 1.0
@@ -32,12 +39,25 @@ def abort_grace() -> float:
         return DEFAULT_GRACE
 
 
-def _failure_header() -> str:
-    """The runtime's header (``mnify.runtime.excepthook``), built here without importing it."""
+def _rank_and_host() -> tuple[int, str]:
     from mpi4py import MPI
 
     host = os.environ.get("MNIFY_HOSTNAME") or MPI.Get_processor_name()
-    return f"[mnify] rank {MPI.COMM_WORLD.Get_rank()} (host {host}) failed:"
+    return int(MPI.COMM_WORLD.Get_rank()), host
+
+
+def _failure_header() -> str:
+    """The runtime's header (``mnify.runtime.excepthook``), built here without importing it."""
+    rank, host = _rank_and_host()
+    return f"[mnify] rank {rank} (host {host}) failed:"
+
+
+def _report_exit(status: int, message: str) -> None:
+    from mnify.launch.rank_reports import exit_report_line
+
+    sys.stdout.flush()
+    sys.stderr.write(exit_report_line(*_rank_and_host(), status, message) + "\n")
+    sys.stderr.flush()
 
 
 def _world_size() -> int:
@@ -49,6 +69,7 @@ def _world_size() -> int:
 def _abort(code: int) -> None:
     from mnify.runtime.abort import abort_job
 
+    rank_state.exiting(code)
     abort_job(code)
 
 
@@ -77,17 +98,18 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     sys.argv[:] = argv
     sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
+    rank_state.start()
     try:
         runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         code = exc.code
         if code is None or code == 0:
+            rank_state.exiting(0)
             raise
+        message = ""
         if not isinstance(code, int):
-            sys.stderr.write(f"{code}\n")
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
+            message, code = str(code), 1
+        _report_exit(code, message)
         _abort(code)
     except KeyboardInterrupt:
         _abort(130)
@@ -95,9 +117,12 @@ def main(argv: list[str]) -> None:
         sys.stdout.flush()
         sys.stderr.write(f"{_failure_header()}\n{_user_traceback(exc)}")
         sys.stderr.flush()
+        rank_state.exiting(1)
         if _world_size() > 1:
             time.sleep(abort_grace())
         _abort(1)
+    else:
+        rank_state.exiting(0)
 
 
 if __name__ == "__main__":

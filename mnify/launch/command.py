@@ -15,7 +15,9 @@ and why:
   the first host instead of failing loudly.
 - ``MNIFY_*``, ``CUDA_VISIBLE_DEVICES`` and ``PYTHONPATH`` reach the ranks on other hosts only when
   forwarded (``-x NAME`` for Open MPI, ``-genv NAME VALUE`` for MPICH).
-- Ranks tag their lines (``--tag-output`` / ``-prepend-rank``) so each line can be attributed.
+- Ranks tag their lines (``--tag-output`` / ``-prepend-rank``) so each line can be attributed;
+  ``mnify run`` strips the tags again. ``--dry-run`` prints a command for people to run
+  themselves, so it tags only when asked (``tag_ranks``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from mnify.launch.mpiexec import MpiExec
 FORWARDED_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTHONPATH")
 FORWARDED_PREFIXES = ("MNIFY_",)
 # Per-host or launcher-side settings: forwarding one value to every host would be wrong.
-NOT_FORWARDED = ("MNIFY_HOSTNAME", "MNIFY_MPIEXEC")
+NOT_FORWARDED = ("MNIFY_HOSTNAME", "MNIFY_MPIEXEC", "MNIFY_RANK_STATE_DIR", "MNIFY_RANK_STATE_HOST")
 WATCHDOG_ENV = "MNIFY_WATCHDOG_TIMEOUT"
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -52,6 +54,7 @@ class LaunchSpec:
     export: list[str] = field(default_factory=list)  # extra NAME or NAME=VALUE to forward
     python: str = sys.executable
     abort_on_error: bool = True  # run through ``python -m mnify.launch.bootstrap``
+    tag_ranks: bool = True  # mpiexec tags each line with its rank (mnify run reads the tags)
 
     @property
     def single_host(self) -> bool:
@@ -141,7 +144,8 @@ def build_command(
 
     argv = [mpiexec.path]
     if openmpi:
-        argv.append("--tag-output")
+        if spec.tag_ranks:
+            argv.append("--tag-output")
         if (
             spec.single_host
             and spec.nprocs > cores
@@ -155,7 +159,8 @@ def build_command(
         for name in forwarded:
             argv += ["-x", name]
     elif mpiexec.flavor == "mpich":
-        argv.append("-prepend-rank")
+        if spec.tag_ranks:
+            argv.append("-prepend-rank")
         if spec.hostfile is not None:
             argv += ["-f", spec.hostfile]
         if spec.hosts is not None:

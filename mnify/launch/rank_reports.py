@@ -1,9 +1,11 @@
-"""Cutting the ranks' reports (tracebacks) out of their stderr while the job runs.
+"""Cutting the ranks' reports (tracebacks, exit statuses) out of their stderr while the job runs.
 
-:class:`TracebackCollector` recognises plain Python tracebacks and the runtime's
-``[mnify] rank R (host H) failed:`` reports, holds them back from the live output so the end of
-the job can show each distinct one once, and hands back a block that stops growing while the job
-goes on.
+:class:`TracebackCollector` recognises plain Python tracebacks, the runtime's
+``[mnify] rank R (host H) failed:`` reports, the bootstrap's ``[mnify] rank R (host H) exited
+with status N`` lines and Chainer's echo of an error in its training loop (``Exception in main
+training loop: ...``, a partial traceback printed before the real one), holds them back from the
+live output so the end of the job can show each distinct one once, and hands back a block that
+stops growing while the job goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,14 @@ from enum import Enum
 
 TRACEBACK_START = "Traceback (most recent call last):"
 _MNIFY_HEADER = re.compile(r"^\[mnify\] rank (?P<rank>\d+) \(host (?P<host>[^)]*)\) failed:\s*$")
+_EXIT_REPORT = re.compile(
+    r"^\[mnify\] rank (?P<rank>\d+) \(host (?P<host>[^)]*)\) exited with status "
+    r"(?P<status>-?\d+)(?:: (?P<message>.*))?$"
+)
+# Chainer's Trainer.run prints this, a traceback without the exception line, and LOOP_ECHO_END,
+# then finalizes its extensions and re-raises: the same error is printed again in full.
+LOOP_ECHO_START = "Exception in main training loop: "
+LOOP_ECHO_END = "Will finalize trainer extensions and updater before reraising the exception."
 _CHAIN_LINES = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
@@ -31,6 +41,26 @@ _LAUNCHER_FILES = re.compile(
     r'^  File "(?:<frozen runpy>|.*[/\\]runpy\.py|.*[/\\]mpi4py[/\\](?:run|__main__)\.py'
     r'|.*[/\\]mnify[/\\]launch[/\\]bootstrap\.py)"'
 )
+_RUNTIME_FRAME = re.compile(
+    r'^  File ".*[/\\]mnify[/\\]runtime[/\\][^"]*", line \d+, in (?P<func>\S+)'
+)
+_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::(?: (?P<message>.*))?)?$")
+
+
+def exit_report_line(rank: int, host: str, status: int, message: str = "") -> str:
+    """The line the bootstrap prints when a rank's script ends with a non-zero status."""
+    tail = f": {message}" if message else ""
+    return f"[mnify] rank {rank} (host {host}) exited with status {status}{tail}"
+
+
+@dataclass(frozen=True)
+class RankExitReport:
+    """A rank's own word that its script ended with a non-zero status."""
+
+    rank: int
+    host: str
+    status: int
+    message: str = ""
 
 
 @dataclass
@@ -43,10 +73,43 @@ class RankTraceback:
     shown: bool = False  # already printed raw while the job ran
     fatal: bool = False  # announced by the ``[mnify] rank R failed:`` header: the rank died of it
     seen_at: float = 0.0  # when its first line arrived (the collector's clock)
+    loop_echo: bool = False  # Chainer's partial echo, printed before the full traceback
 
     @property
     def text(self) -> str:
-        return "\n".join(strip_launcher_frames(self.lines)).rstrip()
+        return "\n".join(fold_runtime_frames(strip_launcher_frames(self.lines))).rstrip()
+
+    @property
+    def error_type(self) -> str:
+        """``ValueError``, ``mnify.runtime.errors.CollectiveTimeout``; "" when not printed."""
+        return self._exception()[0]
+
+    @property
+    def error_message(self) -> str:
+        """The exception's message, continuation lines and notes included."""
+        return self._exception()[1]
+
+    def _exception(self) -> tuple[str, str]:
+        lines = strip_launcher_frames(self.lines)
+        if self.loop_echo:
+            first = lines[0] if lines else ""
+            return "", first[len(LOOP_ECHO_START) :] if first.startswith(LOOP_ECHO_START) else ""
+        start = 0
+        for i, line in enumerate(lines):
+            if line.startswith('  File "') or line == TRACEBACK_START:
+                start = i + 1
+        while start < len(lines) and lines[start].startswith("    "):
+            start += 1  # the last frame's source line and carets
+        tail = [line for line in lines[start:] if line not in _CHAIN_LINES]
+        while tail and not tail[0].strip():
+            tail.pop(0)
+        if not tail:
+            return "", ""
+        match = _EXCEPTION_LINE.match(tail[0])
+        if match is None:
+            return "", "\n".join(tail).strip()
+        rest = [match.group("message") or "", *tail[1:]]
+        return match.group("type"), "\n".join(rest).strip()
 
     @property
     def exception_line(self) -> str:
@@ -75,6 +138,35 @@ def strip_launcher_frames(lines: Sequence[str]) -> list[str]:
         else:
             dropping = False
         out.append(line)
+    return out
+
+
+def fold_runtime_frames(lines: Sequence[str]) -> list[str]:
+    """Consecutive frames inside ``mnify.runtime`` become one line naming the first and last
+    function: where the user's code entered the runtime and where it failed."""
+    out: list[str] = []
+    run: list[str] = []  # function names of the frames being folded
+
+    def flush() -> None:
+        if run:
+            where = run[0] if len(run) == 1 else f"{run[0]} … {run[-1]}"
+            count = f"{len(run)} frames" if len(run) > 1 else "1 frame"
+            out.append(f"  [{count} inside mnify.runtime: {where}]")
+            run.clear()
+
+    folding = False
+    for line in lines:
+        match = _RUNTIME_FRAME.match(line)
+        if match:
+            run.append(match.group("func"))
+            folding = True
+            continue
+        if folding and line.startswith("    "):
+            continue  # source line or carets of a folded frame
+        folding = False
+        flush()
+        out.append(line)
+    flush()
     return out
 
 
@@ -111,10 +203,23 @@ class TracebackCollector:
     def __init__(self) -> None:
         self._ranks: dict[int, _RankState] = {}
         self.tracebacks: list[RankTraceback] = []
+        self.exits: list[RankExitReport] = []
 
     def feed(self, rank: int, text: str, now: float = 0.0) -> list[str]:
         st = self._ranks.setdefault(rank, _RankState())
         st.last_line_at = now
+        ended = _EXIT_REPORT.match(text)
+        if ended:
+            self._close(st)
+            self.exits.append(
+                RankExitReport(
+                    int(ended.group("rank")),
+                    ended.group("host"),
+                    int(ended.group("status")),
+                    ended.group("message") or "",
+                )
+            )
+            return []
         header = _MNIFY_HEADER.match(text)
         if header:
             self._close(st)
@@ -131,6 +236,13 @@ class TracebackCollector:
                 self._close(st)
                 return [text]
             st.block.lines.append(text)
+            return []
+        if text.startswith(LOOP_ECHO_START) and st.state in (_State.OUTSIDE, _State.MESSAGE):
+            self._close(st)
+            st.block = self._open(rank, st.host, now)
+            st.block.loop_echo = True
+            st.block.lines.append(text)
+            st.state = _State.CHAIN  # its traceback follows
             return []
         if text.startswith(TRACEBACK_START) and st.state in (_State.OUTSIDE, _State.MESSAGE):
             self._close(st)  # a new traceback right after a message is a separate one

@@ -9,21 +9,27 @@ printed raw after ``hold_seconds`` so a rank that hangs after a handled error is
 
 from __future__ import annotations
 
-import os
+import contextlib
 import queue
+import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, TextIO
 
+from mnify.launch import session
 from mnify.launch.banners import BannerFilter
 from mnify.launch.command import LaunchCommand
+from mnify.launch.early_exit import EarlyExitWatch, StrandedRanks
 from mnify.launch.mpiexec import Flavor
-from mnify.launch.rank_reports import RankTraceback, TracebackCollector
+from mnify.launch.rank_reports import RankExitReport, RankTraceback, TracebackCollector
 from mnify.launch.ranklines import RankLine, parse_line
+from mnify.runtime import rank_state
 
 _EOF = object()
 
@@ -36,8 +42,11 @@ class JobResult:
     tracebacks: list[RankTraceback]
     launcher_text: str  # stderr outside tracebacks: mpiexec's reports, MPI_ABORT banners
     stderr_by_rank: dict[int, list[str]] = field(default_factory=dict)
-    interrupted: bool = False
+    interrupted_by: int | None = None  # SIGINT, SIGTERM or SIGHUP received by ``mnify run``
     stopped_after_failure: bool = False  # mpiexec outlived a rank's abort and we ended it
+    stranded: StrandedRanks | None = None  # a rank left others waiting and we ended the job
+    exit_reports: list[RankExitReport] = field(default_factory=list)
+    ranks_heard: frozenset[int] = frozenset()  # ranks that printed or published their state
 
 
 def _read_lines(stream: IO[bytes], name: str, sink: queue.Queue[object]) -> None:
@@ -55,8 +64,11 @@ class _Printer:
     def write(self, rank: int | None, text: str, stream: str) -> None:
         target = self.out if stream == "stdout" else self.err
         prefix = f"[{rank}] " if self.tag_output and rank is not None else ""
-        target.write(f"{prefix}{text}\n")
-        target.flush()
+        try:
+            target.write(f"{prefix}{text}\n")
+            target.flush()
+        except (OSError, ValueError):
+            pass  # the terminal is gone (SIGHUP); keep reading so the job can be stopped
 
 
 @dataclass
@@ -69,6 +81,7 @@ class _Pump:
     banners: BannerFilter = field(default_factory=BannerFilter)
     launcher: list[str] = field(default_factory=list)
     stderr_by_rank: dict[int, list[str]] = field(default_factory=dict)
+    ranks_heard: set[int] = field(default_factory=set)
 
     def next(self, lines: queue.Queue[object]) -> int:
         """Handle the next line (or time out quietly); returns 1 when a stream ended, else 0."""
@@ -84,7 +97,9 @@ class _Pump:
         if line.rank is None:
             self.launcher.append(line.text)
             self._show(None, line.text, stream)
-        elif stream == "stderr":
+            return 0
+        self.ranks_heard.add(line.rank)
+        if stream == "stderr":
             self.stderr_by_rank.setdefault(line.rank, []).append(line.text)
             for shown in self.collector.feed(line.rank, line.text, time.monotonic()):
                 self.launcher.append(shown)
@@ -116,24 +131,123 @@ def run_job(
     command: LaunchCommand,
     flavor: Flavor,
     *,
+    nprocs: int,
     out: TextIO,
     err: TextIO,
     tag_output: bool = False,
     hold_seconds: float = 10.0,
     abort_timeout: float = 30.0,
+    exit_timeout: float = 60.0,
     base_env: Mapping[str, str] | None = None,
     cwd: str | None = None,
 ) -> JobResult:
-    """Run ``command`` to completion; returns mpiexec's exit status and the ranks' tracebacks.
+    """Run ``command`` to completion; returns mpiexec's exit status and the ranks' reports.
 
-    mpiexec runs in a session of its own so that everything it started (launch agents, daemons)
-    can be stopped together. When a rank has announced its death and mpiexec has still not ended
-    the job ``abort_timeout`` seconds later (an abort lost between hosts), the job is stopped
-    here: a failed rank must never leave the job hanging.
+    mpiexec runs in a session of its own so that everything it started (ranks, launch agents,
+    daemons) can be stopped together. The job is stopped here, never left running, when:
+
+    - a rank has announced its death and mpiexec has not ended the job ``abort_timeout``
+      seconds later (an abort lost between hosts);
+    - a rank has been exiting while another waited for it in a collective for ``exit_timeout``
+      seconds (0: never), see :mod:`mnify.launch.early_exit`;
+    - ``mnify run`` itself gets SIGINT, SIGTERM or SIGHUP. The signal goes on to mpiexec
+      (SIGINT) or to the whole session (the others); whatever is left 5 s later is killed.
+
+    When mpiexec has exited, anything still in its session is killed too.
     """
+    state_dir = tempfile.mkdtemp(prefix="mnify-run-")
+    env = command.full_env(base_env)
+    env[rank_state.ENV_DIR] = state_dir
+    env[rank_state.ENV_HOST] = socket.gethostname()
+    try:
+        with _stop_signals():
+            return _run(
+                command, env, flavor, nprocs, out, err, tag_output, hold_seconds,
+                abort_timeout, exit_timeout, state_dir, cwd,
+            )  # fmt: skip
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+class StopRequested(Exception):
+    """``mnify run`` received SIGTERM or SIGHUP (raised in the main thread, as SIGINT raises
+    KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise StopRequested(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@dataclass
+class _Stop:
+    """Stopping the job: the first signal, then SIGKILL for the whole session 5 s later."""
+
+    proc: subprocess.Popen[bytes]
+    at: float | None = None
+    killed_at: float | None = None
+
+    def begin(self, now: float, sig: int, whole_session: bool) -> None:
+        if whole_session:
+            session.signal_session(self.proc.pid, sig)
+        else:
+            session.signal_leader(self.proc.pid, sig)
+        if self.at is None:
+            self.at = now
+
+    def kill(self, now: float) -> None:
+        session.kill_session(self.proc.pid)
+        self.killed_at = now
+        if self.at is None:
+            self.at = now
+
+    def give_up_reading(self, now: float) -> bool:
+        """Escalate when due; True once mpiexec is gone and its pipes are still held open by
+        something outside the session."""
+        if self.at is None:
+            return False
+        if now - self.at > _KILL_AFTER and (self.killed_at is None or now - self.killed_at > 1):
+            self.kill(now)
+        return self.proc.poll() is not None and now - self.at > _KILL_AFTER + 3
+
+
+_KILL_AFTER = 5.0
+_POLL_STATES = 0.5
+
+
+def _run(
+    command: LaunchCommand,
+    env: dict[str, str],
+    flavor: Flavor,
+    nprocs: int,
+    out: TextIO,
+    err: TextIO,
+    tag_output: bool,
+    hold_seconds: float,
+    abort_timeout: float,
+    exit_timeout: float,
+    state_dir: str,
+    cwd: str | None,
+) -> JobResult:
     proc = subprocess.Popen(
         command.argv,
-        env=command.full_env(base_env),
+        env=env,
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -150,53 +264,88 @@ def run_job(
         reader.start()
 
     pump = _Pump(flavor, _Printer(out, err, tag_output))
-    interrupted = False
-    stopped_at: float | None = None
+    watch = EarlyExitWatch(state_dir, nprocs, exit_timeout)
+    stop = _Stop(proc)
+    interrupted_by: int | None = None
+    stranded: StrandedRanks | None = None
+    stopped_after_failure = False
+    next_poll = 0.0
     open_streams = len(readers)
     while open_streams:
         try:
             open_streams -= pump.next(lines)
             pump.release_stale(hold_seconds)
             now = time.monotonic()
-            if stopped_at is None:
-                fatal = pump.collector.first_fatal()
-                if fatal is not None and fatal.seen_at + abort_timeout <= now:
-                    err.write(
-                        f"mnify run: rank {fatal.rank} failed {abort_timeout:g} s ago and mpiexec "
-                        "has not ended the job; stopping it\n"
-                    )
-                    err.flush()
-                    _signal_job(proc, signal.SIGTERM)
-                    stopped_at = now
-            elif now - stopped_at > 5:
-                _signal_job(proc, signal.SIGKILL)
-                if proc.poll() is not None and now - stopped_at > 10:
-                    break  # something outside the session still holds the pipes
+            if now >= next_poll:
+                next_poll = now + _POLL_STATES
+                found = watch.poll(now)
+                if found is not None and stop.at is None:
+                    stranded = found
+                    _say(err, _stranded_message(found))
+                    stop.begin(now, signal.SIGTERM, whole_session=True)
+            fatal = pump.collector.first_fatal()
+            if stop.at is None and fatal is not None and fatal.seen_at + abort_timeout <= now:
+                _say(
+                    err,
+                    f"mnify run: rank {fatal.rank} failed {abort_timeout:g} s ago and mpiexec "
+                    "has not ended the job; stopping it",
+                )
+                stopped_after_failure = True
+                stop.begin(now, signal.SIGTERM, whole_session=True)
+            if stop.give_up_reading(now):
+                break  # something outside the session still holds the pipes
         except KeyboardInterrupt:
             # mpiexec has its own session, so pass the interrupt on; it stops the ranks. Keep
             # reading until it has, so their last words (and the summary) still appear. A
-            # second Ctrl-C kills the whole job.
-            _signal_job(proc, signal.SIGKILL if interrupted else signal.SIGINT)
-            interrupted = True
-    try:
-        returncode = proc.wait()
-    except KeyboardInterrupt:
-        _signal_job(proc, signal.SIGKILL)
-        returncode = proc.wait()
-        interrupted = True
+            # second Ctrl-C kills the whole job at once.
+            if interrupted_by is not None:
+                stop.kill(time.monotonic())
+            else:
+                interrupted_by = signal.SIGINT
+                stop.begin(time.monotonic(), signal.SIGINT, whole_session=False)
+        except StopRequested as request:
+            if interrupted_by is not None:
+                stop.kill(time.monotonic())
+            else:
+                interrupted_by = request.signum
+                stop.begin(time.monotonic(), signal.SIGTERM, whole_session=True)
+    returncode = _wait(proc, stop)
+    session.kill_session(proc.pid)  # ranks orphaned by an mpiexec that has gone
+    watch.poll(time.monotonic())
     return JobResult(
         returncode=returncode,
         tracebacks=pump.finish(),
         launcher_text="\n".join(pump.launcher),
         stderr_by_rank=pump.stderr_by_rank,
-        interrupted=interrupted,
-        stopped_after_failure=stopped_at is not None,
+        interrupted_by=interrupted_by,
+        stopped_after_failure=stopped_after_failure,
+        stranded=stranded,
+        exit_reports=list(pump.collector.exits),
+        ranks_heard=frozenset(pump.ranks_heard | watch.started()),
     )
 
 
-def _signal_job(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Signal mpiexec and everything in its session (it leads its own process group)."""
+def _wait(proc: subprocess.Popen[bytes], stop: _Stop) -> int:
+    """mpiexec's exit status; a signal now kills the whole session."""
+    while True:
+        try:
+            return proc.wait()
+        except (KeyboardInterrupt, StopRequested):
+            stop.kill(time.monotonic())
+
+
+def _stranded_message(found: StrandedRanks) -> str:
+    left = ", ".join(f"rank {r} exited with status {s}" for r, s in found.exited.items())
+    waiting = ",".join(str(r) for r in found.waiting)
+    return (
+        f"mnify run: {left} while rank(s) {waiting} waited in {found.kind} #{found.seq} for "
+        f"{found.seconds:.0f} s; stopping the job"
+    )
+
+
+def _say(err: TextIO, text: str) -> None:
     try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        err.write(text + "\n")
+        err.flush()
+    except (OSError, ValueError):
+        pass  # the terminal is gone (SIGHUP): the job must still be stopped

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mnify.launch.banners import BannerFilter
-from mnify.launch.failures import FORK_NOTE, summarize
+from mnify.launch.diagnosis import FORK_NOTE, JobFacts, diagnose
 
 RULE = "-" * 74
 ABORT_BOX = [
@@ -58,6 +58,6 @@ def test_unclosed_box_is_flushed_at_the_end() -> None:
 
 
 def test_fork_warning_reaches_the_hint() -> None:
-    s = summarize([], 2, 134, "\n".join(FORK_BOX))
-    assert FORK_NOTE in s.hint
-    assert FORK_NOTE not in summarize([], 2, 1, "nothing").hint
+    warned = diagnose(JobFacts(nprocs=2, exit_status=134, launcher_text="\n".join(FORK_BOX)))
+    assert FORK_NOTE in warned.hint
+    assert FORK_NOTE not in diagnose(JobFacts(2, 1, launcher_text="nothing")).hint

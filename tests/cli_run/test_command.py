@@ -67,6 +67,13 @@ def test_open_mpi_forwards_mnify_cuda_and_watchdog_variables_with_x() -> None:
     assert "OTHER" not in exported and "HOME" not in exported
 
 
+@pytest.mark.parametrize("mpiexec", [OMPI, MPICH], ids=["openmpi", "mpich"])
+def test_rank_tags_can_be_left_out(mpiexec: MpiExec) -> None:
+    tagged = build_command(spec(), mpiexec, ENV, cores=8, is_root=False).argv
+    untagged = build_command(spec(tag_ranks=False), mpiexec, ENV, cores=8, is_root=False).argv
+    assert set(tagged) - set(untagged) == {"--tag-output" if mpiexec is OMPI else "-prepend-rank"}
+
+
 def test_mpich_uses_hydra_flags() -> None:
     cmd = build_command(
         spec(nprocs=8, hostfile="hf", watchdog=5), MPICH, ENV, cores=2, is_root=False

@@ -7,7 +7,6 @@ Jobs that must fail are bounded by a subprocess timeout well below the sleeping 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,39 +16,14 @@ from click.testing import CliRunner, Result
 
 from mnify.cli import main
 from mnify.launch.hosts import physical_cores
+from tests.cli_run.console import MNIFY, SCRIPT, mnify_run, rank_env
 
-SCRIPT = Path(__file__).parent / "scripts" / "scenarios.py"
-MNIFY = Path(sys.executable).parent / "mnify"
 TRACEBACK = "Traceback (most recent call last)"
 pytestmark = pytest.mark.mpi
 
 
-def _env(grace: float = 0.5) -> dict[str, str]:
-    """Quiet BLAS threads; the abort grace lets ranks failing alike all print first."""
-    env = dict(os.environ)
-    env.update(
-        {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MNIFY_ABORT_GRACE": f"{grace:g}"}
-    )
-    env.pop("MNIFY_WATCHDOG_TIMEOUT", None)
-    return env
-
-
-def mnify_run(
-    *args: str, timeout: float = 90, grace: float = 0.5
-) -> subprocess.CompletedProcess[str]:
-    """The real console script, as a user runs it."""
-    return subprocess.run(
-        [str(MNIFY), "run", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(grace),
-        stdin=subprocess.DEVNULL,
-    )
-
-
 def invoke(*args: str) -> Result:
-    return CliRunner().invoke(main, ["run", *args], env=_env(), catch_exceptions=False)
+    return CliRunner().invoke(main, ["run", *args], env=rank_env(), catch_exceptions=False)
 
 
 def test_success_on_two_ranks_passes_output_untagged_and_exits_zero() -> None:
@@ -71,50 +45,11 @@ def test_success_on_three_ranks_with_rank_tags() -> None:
         assert f"[{r}] note from rank {r}" in result.stderr.splitlines()
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_same_error_on_every_rank_collapses_into_one_traceback(n: int) -> None:
-    proc = mnify_run("-n", str(n), str(SCRIPT), "raise_all", grace=2)
-    err = proc.stderr
-    assert proc.returncode != 0, err
-    assert err.count(TRACEBACK) == 1, err
-    assert err.count("ValueError: learning rate must be positive") == 1, err
-    assert f"error on ranks 0-{n - 1} (all {n})" in err, err
-    assert "same error on every rank" in err
-    assert f"hint: the same error on all {n} ranks" in err
-    assert "scenarios.py" in err and "bootstrap.py" not in err  # launcher frames dropped
-
-
-def test_error_on_rank_one_only_names_rank_one() -> None:
-    result = invoke("-n", "3", str(SCRIPT), "raise_one")
-    err = result.stderr
-    assert result.exit_code != 0, result.output
-    assert err.count(TRACEBACK) == 1, err
-    assert "error on rank 1 (of 3)" in err, err
-    assert "KeyError: 'no shard for rank 1'" in err
-    assert "only rank 1 of 3 reported an error" in err
-    # Open MPI's abort boxes are summarised in one line instead of shown
-    assert "MPI_ABORT was invoked" not in err and "NOTE: invoking MPI_ABORT" not in err
-    assert "mpiexec: rank 1 called MPI_Abort (code 1)" in err
-
-
 def test_plain_mpi4py_script_failing_on_one_rank_ends_instead_of_hanging() -> None:
     proc = mnify_run("-n", "2", str(SCRIPT), "plain_one", timeout=60)
     assert proc.returncode != 0, proc.stderr
     assert "error on rank 1 (of 2)" in proc.stderr, proc.stderr
     assert "LookupError: rank-specific shard is missing" in proc.stderr
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_watchdog_timeout_is_reported_as_a_communication_failure(n: int) -> None:
-    proc = mnify_run("-n", str(n), "--watchdog", "2", str(SCRIPT), "sleep_one", timeout=50, grace=1)
-    err = proc.stderr
-    assert proc.returncode != 0, err
-    assert "communication failure" in err, err
-    assert err.count("Traceback (most recent call last)") == 1, err
-    waiting = "rank 0 (of 2)" if n == 2 else "ranks 0,2 (of 3)"
-    assert f"collective timeout on {waiting}" in err, err
-    assert "timed out waiting for rank(s) 1" in err
-    assert "Retry on one rank" in err
 
 
 @pytest.mark.parametrize("hold", ["0.2", "30"])
@@ -126,30 +61,6 @@ def test_handled_traceback_of_a_successful_job_is_shown_once(hold: str) -> None:
     assert "KeyError: 'missing'" in result.stderr
     assert {"done 0", "done 1"} <= set(result.stdout.splitlines())
     assert "the job failed" not in result.stderr
-
-
-def test_ctrl_c_stops_every_rank_and_exits_130() -> None:
-    proc = subprocess.Popen(
-        [str(MNIFY), "run", "-n", "2", str(SCRIPT), "wait"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=_env(),
-        start_new_session=True,  # its own process group, like a terminal's foreground job
-    )
-    try:
-        assert proc.stdout is not None
-        ready = {proc.stdout.readline().strip() for _ in range(2)}
-        assert ready == {"ready 0", "ready 1"}, ready
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
-        _, err = proc.communicate(timeout=40)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 130, err
-    assert "interrupted" in err and "the job failed" not in err
 
 
 def _fake_mpiexec(tmp_path: Path) -> tuple[Path, Path]:
@@ -186,13 +97,37 @@ def test_dry_run_one_host_oversubscribes_beyond_the_cores(tmp_path: Path) -> Non
     assert result.exit_code == 0, result.output
     assert not marker.exists()
     command = result.stdout.strip().splitlines()[-1]
-    assert command.startswith(f"{fake} --tag-output --oversubscribe ")
+    assert command.startswith(f"{fake} --oversubscribe ")  # no rank tags the user did not ask for
     assert f"--mca btl tcp,self -n {n} {sys.executable} -m mnify.launch.bootstrap" in command
     assert command.endswith(f"{SCRIPT} ok --out 'a b'")
     assert "export MNIFY_WATCHDOG_TIMEOUT=30" in result.stdout
     assert "-x MNIFY_WATCHDOG_TIMEOUT" in command
     if os.geteuid() == 0:
         assert "export OMPI_ALLOW_RUN_AS_ROOT=1" in result.stdout
+
+
+def test_dry_run_tags_rank_output_only_when_asked(tmp_path: Path) -> None:
+    fake, _ = _fake_mpiexec(tmp_path)
+    plain = invoke("-n", "2", "--dry-run", "--mpiexec", str(fake), str(SCRIPT))
+    tagged = invoke("-n", "2", "--dry-run", "--tag-output", "--mpiexec", str(fake), str(SCRIPT))
+    assert "--tag-output" not in plain.stdout.split()
+    assert "--tag-output" in tagged.stdout.strip().splitlines()[-1].split()
+
+
+def test_options_after_the_script_belong_to_it() -> None:
+    proc = mnify_run("-n", "2", str(SCRIPT), "ok", "-v", "--np", "3", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 0 of 2 args=['-v', '--np', '3', '--dry-run']" in proc.stdout.splitlines()
+
+
+def test_an_unknown_option_before_the_script_is_a_usage_error(tmp_path: Path) -> None:
+    fake, marker = _fake_mpiexec(tmp_path)
+    result = CliRunner().invoke(
+        main, ["run", "-n", "2", "--mpiexec", str(fake), "-v", str(SCRIPT)], env=rank_env()
+    )
+    assert result.exit_code == 2
+    assert "No such option '-v'" in result.stderr and "script not found" not in result.stderr
+    assert not marker.exists()
 
 
 def test_dry_run_with_a_hostfile_never_oversubscribes(tmp_path: Path) -> None:
@@ -270,7 +205,7 @@ def test_a_job_that_outlives_a_failed_rank_is_stopped(tmp_path: Path) -> None:
     fake.chmod(0o755)
     cmd = [str(MNIFY), "run", "-n", "2", "--abort-timeout", "1", "--mpiexec", str(fake)]
     done = subprocess.run(
-        [*cmd, str(SCRIPT), "ok"], capture_output=True, text=True, timeout=60, env=_env()
+        [*cmd, str(SCRIPT), "ok"], capture_output=True, text=True, timeout=60, env=rank_env()
     )
     assert done.returncode != 0, done.stderr
     assert "rank 1 failed 1 s ago and mpiexec has not ended the job; stopping it" in done.stderr
