@@ -20,7 +20,14 @@ from importlib import metadata
 from typing import Any
 
 from mnify.launch.command import forwarded_names
-from mnify.launch.hosts import HostSlots, HostSpecError, parse_hostfile, physical_cores, this_host
+from mnify.launch.hosts import (
+    HostSlots,
+    HostSpecError,
+    parse_hostfile,
+    physical_cores,
+    resolve_hosts,
+    this_host,
+)
 from mnify.launch.hosts import total_slots as _total_slots
 from mnify.launch.mpiexec import MpiExec, MpiExecNotFound, find_mpiexec
 
@@ -254,13 +261,22 @@ def _hosts_section(hostfile: str | None) -> dict[str, Any]:
                 "cpus_here": cpus,
             }
         source = f"hostfile {hostfile}"
+        resolved = resolve_hosts([h.name for h in hosts])
     else:
         hosts = [this_host()]
         source = "this host (no hostfile): one slot per core"
+        resolved = None
+    entries = [asdict(h) for h in hosts]
+    if resolved is not None:  # mpiexec reaches a hostfile's hosts by name
+        for entry, r in zip(entries, resolved, strict=True):
+            entry.update({"resolves": r.address is not None, "address": r.address})
+            if r.error:
+                entry["error"] = r.error
     return {
         "source": source,
-        "hosts": [asdict(h) for h in hosts],
+        "hosts": entries,
         "total_slots": _total_slots(hosts),
+        "unresolved": [r.name for r in resolved or [] if r.address is None],
         "cores_here": cores,
         "cpus_here": cpus,
     }
@@ -329,6 +345,8 @@ def collect(hostfile: str | None = None) -> dict[str, Any]:
     report["forwarded_env"] = {name: os.environ[name] for name in forwarded_names(os.environ, [])}
     report["hazards"] = hazards(report)
     missing = [name for name in ("mpi4py", "mpiexec") if not report[name].get("ok")]
+    if report["hosts"].get("error") or report["hosts"].get("unresolved"):
+        missing.append("hosts")  # a hostfile was given: its hosts are required
     report["missing"] = missing
     report["ok"] = not missing
     return report

@@ -1,7 +1,7 @@
 """``mnify doctor``: what this machine has for distributed Chainer, in text or ``--json``.
 
 Exit status 0, or 1 when something required to launch ranks (mpi4py with an MPI library, an
-mpiexec) is missing. Missing GPUs, CuPy or Chainer are reported but are not failures: CPU runs
+mpiexec, and with ``--hostfile`` a readable hostfile whose host names all resolve) is missing. Missing GPUs, CuPy or Chainer are reported but are not failures: CPU runs
 need none of them.
 """
 
@@ -49,10 +49,19 @@ def render_text(report: dict[str, Any], console: Console) -> None:
         total = h["total_slots"] if h["total_slots"] is not None else "unknown"
         _line(
             console,
-            True,
+            not h.get("unresolved"),
             "hosts",
             f"{len(h['hosts'])} host(s), {total} slots: {hosts} [{h['source']}]",
         )
+        for entry in h["hosts"]:
+            if entry.get("resolves") is False:
+                _line(
+                    console,
+                    False,
+                    "",
+                    f"{entry['name']} does not resolve ({entry.get('error', 'unknown')}): "
+                    "mpiexec reaches hosts by name; fix the name, DNS or /etc/hosts",
+                )
         _line(console, True, "", f"this host: {h['cores_here']} cores, {h['cpus_here']} CPUs")
 
     c = report["chainer"]

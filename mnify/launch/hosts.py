@@ -1,7 +1,8 @@
 """Hosts and slots: hostfiles, ``--host`` lists, and the cores of this machine.
 
 Hostfiles come in two dialects: Open MPI's ``node1 slots=4`` and MPICH's ``node1:4``; both are
-read here so ``mnify doctor`` can say how many ranks a hostfile allows. A host without a slot count
+read here so ``mnify doctor`` can say how many ranks a hostfile allows, and whether every host
+name resolves. A host without a slot count
 is kept with ``slots=None``: the MPI decides (usually one slot, or the cores it detects).
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,3 +122,42 @@ def physical_cores() -> int:
 def this_host() -> HostSlots:
     """This machine, with its cores as slots (what a launch without hostfile sees)."""
     return HostSlots(socket.gethostname(), physical_cores())
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What a host name resolves to on this machine: an address, or why not."""
+
+    name: str
+    address: str | None
+    error: str = ""
+
+
+def resolve_hosts(names: list[str], timeout: float = 5.0) -> list[Resolution]:
+    """Resolve every name in parallel; a lookup slower than ``timeout`` counts as failed.
+
+    mpiexec reaches each host by name (ssh, then its daemon's TCP connection back): a name that
+    does not resolve here fails the launch with an ssh error buried in an MPI banner.
+    """
+
+    def lookup(name: str) -> Resolution:
+        try:
+            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            return Resolution(name, None, getattr(exc, "strerror", None) or str(exc))
+        return Resolution(name, str(infos[0][4][0]) if infos else None)
+
+    found: dict[str, Resolution] = {}
+
+    def run(name: str) -> None:
+        found[name] = lookup(name)
+
+    # daemon threads: a lookup that hangs must not hold this process at exit either
+    threads = [threading.Thread(target=run, args=(name,), daemon=True) for name in names]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    late = f"no answer within {timeout:g} s"
+    return [found.get(name) or Resolution(name, None, late) for name in names]

@@ -72,11 +72,27 @@ def test_forwarded_environment_is_listed(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_hostfile_hosts_and_slots_are_reported(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
-    hostfile.write_text("node1 slots=4\nnode2 slots=2\n", encoding="utf-8")
+    hostfile.write_text("localhost slots=4\n127.0.0.1 slots=2\n", encoding="utf-8")
     result = CliRunner().invoke(main, ["doctor", "--json", "--hostfile", str(hostfile)])
+    assert result.exit_code == 0, result.output
     hosts = json.loads(result.stdout)["hosts"]
-    assert hosts["total_slots"] == 6
-    assert [h["name"] for h in hosts["hosts"]] == ["node1", "node2"]
+    assert hosts["total_slots"] == 6 and hosts["unresolved"] == []
+    assert [(h["name"], h["resolves"]) for h in hosts["hosts"]] == [
+        ("localhost", True),
+        ("127.0.0.1", True),
+    ]
+
+
+def test_a_hostfile_host_that_does_not_resolve_fails_the_doctor(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\nnosuchhost.invalid slots=2\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["doctor", "--json", "--hostfile", str(hostfile)])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["hosts"]["unresolved"] == ["nosuchhost.invalid"]
+    assert "hosts" in report["missing"]
+    text = CliRunner().invoke(main, ["doctor", "--hostfile", str(hostfile)])
+    assert text.exit_code == 1 and "nosuchhost.invalid does not resolve" in text.stdout
 
 
 def test_missing_mpiexec_fails_the_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
