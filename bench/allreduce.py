@@ -15,6 +15,9 @@ the median is printed beside it:
   slot sizes swept; with ``MNIFY_SHARED_MEMORY=0`` over MPI Allreduce: bucket sizes swept; once
   under the watchdog), ``naive``, ``hierarchical``, on a stand-in model holding the 161 float32
   gradients (25.5 M floats) of ResNet-50.
+
+The machine's load average is printed before and after: on a shared machine a figure means
+little without it.
 - (a') raw Allreduce plus the 1/size pass a mean needs: the floor for any mean built on MPI
   Allreduce.
 - (b) ChainerMN's ``naive`` communicator (inside chainer 7.8.1) on a Chainer Link holding the same
@@ -169,9 +172,10 @@ def main() -> None:
         methods[label] = lambda: comm.multi_node_mean_grad(model)
 
     flat("mnify flat (defaults)", {})
-    for cap in (64 * KB, 128 * KB, 512 * KB, 1 * MB):
-        flat(f"mnify flat, shared memory, {cap // KB} KiB slots", {}, slot_cap=cap)
-    for bucket in (1 * MB, 2 * MB, 4 * MB, 8 * MB):
+    for cap in (128 * KB, 256 * KB, 512 * KB, 1 * MB, 2 * MB, 4 * MB):
+        if cap != shared_memory.SLOT_CAP:
+            flat(f"mnify flat, shared memory, {cap // KB} KiB slots", {}, slot_cap=cap)
+    for bucket in (1 * MB, 4 * MB):
         flat(
             f"mnify flat over MPI, {bucket // MB} MiB buckets",
             {"MNIFY_SHARED_MEMORY": "0"},
@@ -195,6 +199,7 @@ def main() -> None:
         if rank == 0:
             print(f"chainermn unavailable ({type(err).__name__}: {err}); skipping (b)")
 
+    load_before = os.getloadavg()
     times: dict[str, list[float]] = {k: [] for k in methods}
     for fn in methods.values():  # warm-up: plans, buffers, MPI connections
         timed(world, fn)
@@ -204,6 +209,7 @@ def main() -> None:
 
     if rank != 0:
         return
+    load_after = os.getloadavg()
     med = {k: float(np.min(v)) for k, v in times.items()}
     median = {k: float(np.median(v)) for k, v in times.items()}
     raw_keys = [k for k in med if k.startswith("(a)")]
@@ -215,10 +221,14 @@ def main() -> None:
         f"({nbytes / MB:.1f} MiB); {size} ranks; best and median of {args.reps} reps; "
         f"OMP threads {os.environ.get('OMP_NUM_THREADS', 'unset')}"
     )
-    print(f"{'method':<40} {'best ms':>9} {'median ms':>10} {'vs best raw':>12} {'GB/s':>6}")
+    print(
+        f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load_before)}, "
+        f"after {' '.join(f'{x:.2f}' for x in load_after)}; {os.cpu_count()} CPUs"
+    )
+    print(f"{'method':<42} {'best ms':>9} {'median ms':>10} {'vs best raw':>12} {'GB/s':>6}")
     for k in methods:
         print(
-            f"{k:<40} {med[k] * 1e3:9.1f} {median[k] * 1e3:10.1f} {med[k] / base:11.2f}x "
+            f"{k:<42} {med[k] * 1e3:9.1f} {median[k] * 1e3:10.1f} {med[k] / base:11.2f}x "
             f"{nbytes / med[k] / 1e9:6.2f}"
         )
     flat_t = med["mnify flat (defaults)"]
@@ -237,6 +247,15 @@ def main() -> None:
         f"          mnify naive / chainermn naive = "
         f"{med['mnify naive'] / med.get('(b) chainermn naive', float('nan')):.2f}x"
     )
+    # the same goals on medians (each against the best raw chunking by median)
+    raw_median = min(median[k] for k in raw_keys)
+    flat_median = median["mnify flat (defaults)"]
+    line = f"medians: mnify flat / best raw = {flat_median / raw_median:.2f}x"
+    if "(b) chainermn naive" in median:
+        line += (
+            f"; chainermn naive / mnify flat = {median['(b) chainermn naive'] / flat_median:.2f}x"
+        )
+    print(line)
 
 
 if __name__ == "__main__":

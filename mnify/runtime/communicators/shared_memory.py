@@ -1,29 +1,50 @@
 """Averaging buckets through a shared-memory segment when every rank runs on one host.
 
 An MPI Allreduce followed by the 1/size pass goes over the gradients in memory twice; on one
-host the mean needs one such pass plus work on cache-sized slots. Each rank writes its bucket,
-cast and scaled, into its own slot of a segment all ranks map; after one barrier every rank
-sums the slots, in rank order, straight into its gradients. Slots are double-buffered: bucket k
-uses parity k % 2, so the barrier of bucket k + 1 already proves that every rank has finished
-reading bucket k's slots before anyone overwrites them, and one barrier per bucket suffices.
-The hierarchical communicator uses the same segment per host with a result slot: the host's
-leader sums into it and all-reduces it with the other leaders; a second barrier releases the
-readers (:meth:`SharedMemoryReducer.mean_through_leader`).
+host the mean can be a reduce-scatter plus an all-gather inside a segment every rank maps:
 
-Every rank adds the slots in the same order, so all ranks get bit-identical results. The segment
-is a file under ``/dev/shm`` (or the temporary directory), created by rank 0 with its space
-reserved up front (``posix_fallocate``: a full tmpfs fails here instead of crashing later with
-SIGBUS), mapped by every rank and unlinked at once, so nothing outlives the job.
+1. publish: each rank writes its bucket, cast to the wire dtype and already scaled (the scale
+   is fused into this copy, :func:`~mnify.runtime.communicators.buckets.place_scale`), into its
+   own input slot, then raises its ``published`` counter;
+2. reduce its share: once every rank has published, rank r sums only its 1/size share of the
+   bucket over all input slots, in rank order, into the shared result slot (one pass), then
+   raises its ``reduced`` counter;
+3. gather: once every rank has reduced, every rank copies the whole result into its gradients.
+
+Each element is summed by exactly one rank, so all ranks get bit-identical results. Ranks
+synchronise through sequence counters in the segment (one cache line each; a rank waits by
+spinning briefly, then yielding the CPU, then sleeping in short steps, so ranks that outnumber
+the cores do not starve the rank they wait for) instead of an MPI barrier per bucket. Buckets
+alternate between two sets of slots and are pipelined: right after reducing its share of
+bucket k a rank publishes bucket k + 1, and only then waits for the others to finish bucket k.
+The counters make that safe: a rank publishes bucket k + 1 into the slots of bucket k - 1 only
+after every rank has reduced bucket k - 1, and writes its share of bucket k into the result
+slot of bucket k - 2 only after every rank has published bucket k, which each does after
+copying out bucket k - 2.
+
+The counters rely on stores becoming visible to other cores in program order (x86-64's TSO:
+the data before the counter that announces it). Elsewhere each wait is an MPI barrier instead,
+which orders memory itself; under the watchdog a counter wait has the collective's deadline.
+
+The hierarchical communicator uses the same segment per host with its result slot: the host's
+leader sums into it and all-reduces it with the other leaders; barriers separate the stages
+(:meth:`SharedMemoryReducer.mean_through_leader`).
+
+The segment is a file under ``/dev/shm`` (or the temporary directory), created by rank 0 with
+its space reserved up front (``posix_fallocate``: a full tmpfs fails here instead of crashing
+later with SIGBUS), mapped by every rank and unlinked at once, so nothing outlives the job.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import platform
 import tempfile
+import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 from mpi4py import MPI
@@ -38,12 +59,29 @@ def enabled_by_env() -> bool:
 
 
 SEGMENT_BUDGET = 32 << 20
-# Slots small enough that a bucket stays in cache between packing and summing. Measured with
-# bench/allreduce.py on 2 ranks (ResNet-50 gradients), two quiet runs, ms:
-#   slot        64 KiB  128 KiB  256 KiB  512 KiB  1 MiB  4 MiB
-#   run 1        34.4    27.4     25.4     25.8    29.1   35.0   (MPI Allreduce + 1/size: 27.3)
-#   run 2        38.3    30.3     29.5     30.0    33.1     -    (MPI Allreduce + 1/size: 30.4)
+# Slots small enough that a bucket stays in cache between publishing, reducing and copying out.
+# Measured with bench/allreduce.py (see there), 2 ranks on 2 cores:
 SLOT_CAP = 256 << 10
+
+# Stores become visible to other cores in program order (TSO): counters can announce data.
+ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+_LINE = 64  # bytes per counter (one cache line each, so ranks never write a shared line)
+_PAGE = 4096
+# Waiting: this many counter reads back to back, then sched_yield() until _YIELD_FOR seconds
+# have passed, then sleeps doubling from _FIRST_SLEEP up to _MAX_SLEEP.
+_SPINS = 64
+_YIELD_FOR = 2e-3
+_FIRST_SLEEP = 2e-5
+_MAX_SLEEP = 1e-3
+
+
+class Deadline(Protocol):
+    """What a counter wait needs from the watchdog: its timeout and the error to raise."""
+
+    timeout: float
+
+    def timeout_error(self) -> BaseException: ...
 
 
 def slot_size(bucket_bytes: int, size: int) -> int:
@@ -61,6 +99,18 @@ def _segment_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
+def _header_bytes(size: int) -> int:
+    """Two counters per rank, a cache line each, rounded up to a page."""
+    return -(-2 * size * _LINE // _PAGE) * _PAGE
+
+
+def share_bounds(n: int, size: int, itemsize: int) -> list[int]:
+    """``size + 1`` boundaries cutting ``n`` elements into near-equal shares that start on cache
+    lines (so no two ranks write the same line of the result)."""
+    step = max(1, _LINE // itemsize)
+    return [min(n, (n * q // size) // step * step) if q < size else n for q in range(size + 1)]
+
+
 class SharedMemoryReducer:
     """Bucket means across the ranks of ``comm``, all of which share one host's memory."""
 
@@ -69,11 +119,18 @@ class SharedMemoryReducer:
         self.rank = rank
         self.size = size
         self.slot_bytes = slot_bytes
-        raw = np.frombuffer(segment, dtype=np.uint8)
-        # per parity: one slot per rank, then the leader's result slot
+        header = _header_bytes(size)
+        # published[q] at line q, reduced[q] at line size + q (int64 each)
+        self._counters = memoryview(segment)[:header].cast("q")
+        self._stride = _LINE // 8
+        raw = np.frombuffer(segment, dtype=np.uint8, offset=header)
+        # per parity: one input slot per rank, then the result slot
         self._slots = raw.reshape(2, size + 1, slot_bytes)
         self._typed: dict[tuple[int, str], np.ndarray] = {}  # (parity, dtype) -> typed slots
-        self._parity = 0
+        self._shares: dict[tuple[int, int], tuple[int, int]] = {}
+        self._parity = 0  # mean_through_leader's alternation
+        self._buckets = 0  # buckets averaged by mean_buckets (the same count on every rank)
+        self.ordered_stores = ORDERED_STORES
 
     @classmethod
     def create(cls, comm: MPI.Intracomm, slot_bytes: int) -> SharedMemoryReducer | None:
@@ -85,14 +142,14 @@ class SharedMemoryReducer:
         if not together:
             return None
         rank, size = comm.Get_rank(), comm.Get_size()
-        nbytes = 2 * (size + 1) * slot_bytes
+        nbytes = _header_bytes(size) + 2 * (size + 1) * slot_bytes
         path = None
         if rank == 0:
             path = os.path.join(_segment_dir(), f"mnify-{os.getpid()}-{uuid.uuid4().hex[:12]}")
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
                 try:
-                    os.posix_fallocate(fd, 0, nbytes)
+                    os.posix_fallocate(fd, 0, nbytes)  # zero-filled: every counter starts at 0
                 finally:
                     os.close(fd)
             except OSError:
@@ -121,6 +178,8 @@ class SharedMemoryReducer:
         assert segment is not None
         return cls(segment, rank, size, slot_bytes)
 
+    # -- the mean of every rank's buckets ----------------------------------------------------------
+
     def mean(
         self,
         views: Sequence[np.ndarray],
@@ -128,18 +187,137 @@ class SharedMemoryReducer:
         scale: float,
         barrier: Callable[[], None],
     ) -> None:
-        """Replace the pieces ``views`` (1-D) by their sum over ranks times ``scale``.
+        """One bucket's :meth:`mean_buckets`."""
+        self.mean_buckets([(list(views), buf)], scale, barrier)
 
-        ``buf`` is a staging buffer of the wire dtype holding at least the pieces' total size
-        (which must fit a slot); a bucket that is one piece of the wire dtype never touches it.
+    def mean_buckets(
+        self,
+        buckets: Iterable[tuple[list[np.ndarray], np.ndarray]],
+        scale: float,
+        barrier: Callable[[], None],
+        deadline: Deadline | None = None,
+    ) -> None:
+        """Replace each bucket's pieces (1-D views) by their sum over ranks times ``scale``.
+
+        ``buckets``: per bucket, its pieces and a buffer whose dtype is the wire dtype and whose
+        size (the pieces' total) fits a slot; every rank passes the same sequence. ``barrier``
+        synchronises all ranks where stores are not ordered (see the module doc); ``deadline``
+        (the watchdog) bounds each counter wait.
         """
-        slots = self._publish(views, buf.dtype, scale)
-        barrier()
-        n = slots.shape[1]
-        out = views[0] if len(views) == 1 and views[0].dtype == buf.dtype else buf[:n]
-        self._sum(slots[: self.size], out)
-        if out is not views[0]:
-            kernels.unpack(out, views)
+        queue = iter(buckets)
+        current = next(queue, None)
+        if current is None:
+            return
+        k = self._buckets
+        started = time.monotonic()
+        self._publish(current, k, scale)
+        while current is not None:
+            self._wait(0, k + 1, barrier, deadline, started)  # everyone published bucket k
+            self._reduce_share(current, k)
+            self._raise(1, k + 1)
+            following = next(queue, None)
+            if following is not None:
+                self._publish(following, k + 1, scale)  # overlaps the others' reductions
+            self._wait(1, k + 1, barrier, deadline, started)  # everyone reduced bucket k
+            self._copy_out(current, k)
+            current = following
+            k += 1
+        self._buckets = k
+
+    def _typed_slots(self, parity: int, wire: np.dtype[Any]) -> np.ndarray:
+        key = (parity, wire.str)
+        typed = self._typed.get(key)
+        if typed is None:
+            usable = self.slot_bytes // wire.itemsize * wire.itemsize
+            typed = self._slots[parity, :, :usable].view(wire)
+            self._typed[key] = typed
+        return typed
+
+    def _publish(self, bucket: tuple[list[np.ndarray], np.ndarray], k: int, scale: float) -> None:
+        """This rank's bucket ``k``, cast and times ``scale``, into its input slot; announced."""
+        views, buf = bucket
+        mine = self._typed_slots(k & 1, buf.dtype)[self.rank, : buf.size]
+        if len(views) == 1 and views[0].dtype == buf.dtype:
+            # the common case (a slice of one large array): skip the general packing
+            if scale == 1.0:
+                np.copyto(mine, views[0])
+            else:
+                work = kernels.scale_dtype(buf.dtype, buf.dtype)  # float16 scales in float32
+                np.multiply(views[0], work.type(scale), out=mine, dtype=work, casting="unsafe")
+        else:
+            kernels.pack(views, mine, scale)
+        self._raise(0, k + 1)
+
+    def _reduce_share(self, bucket: tuple[list[np.ndarray], np.ndarray], k: int) -> None:
+        """This rank's share of bucket ``k``: the input slots summed in rank order."""
+        n, wire = bucket[1].size, bucket[1].dtype
+        key = (n, wire.itemsize)
+        share = self._shares.get(key)
+        if share is None:
+            bounds = share_bounds(n, self.size, wire.itemsize)
+            share = self._shares[key] = (bounds[self.rank], bounds[self.rank + 1])
+        lo, hi = share
+        if lo == hi:
+            return
+        slots = self._typed_slots(k & 1, wire)[:, lo:hi]
+        self._sum(slots[: self.size], slots[self.size])
+
+    def _copy_out(self, bucket: tuple[list[np.ndarray], np.ndarray], k: int) -> None:
+        views, buf = bucket
+        result = self._typed_slots(k & 1, buf.dtype)[self.size, : buf.size]
+        if len(views) == 1 and views[0].dtype == buf.dtype:
+            np.copyto(views[0], result)
+        else:
+            kernels.unpack(result, views)
+
+    # -- counters ----------------------------------------------------------------------------------
+
+    def _raise(self, kind: int, value: int) -> None:
+        """Announce that this rank has done step ``kind`` (0 published, 1 reduced) of bucket
+        ``value - 1``: one aligned 8-byte store, after the data it announces."""
+        self._counters[(kind * self.size + self.rank) * self._stride] = value
+
+    def _wait(
+        self,
+        kind: int,
+        value: int,
+        barrier: Callable[[], None],
+        deadline: Deadline | None,
+        started: float,
+    ) -> None:
+        """Return once every rank's counter ``kind`` has reached ``value``."""
+        if not self.ordered_stores:
+            barrier()
+            return
+        counters, stride, base = self._counters, self._stride, kind * self.size
+        for q in range(self.size):
+            index = (base + q) * stride
+            if counters[index] >= value:
+                continue
+            for _ in range(_SPINS):
+                if counters[index] >= value:
+                    break
+            else:
+                self._wait_long(index, value, deadline, started)
+
+    def _wait_long(self, index: int, value: int, deadline: Deadline | None, started: float) -> None:
+        """A rank is late: give the CPU away (it may be the core that rank needs), first by
+        yielding, then by sleeping; past the watchdog's deadline, raise its error."""
+        counters = self._counters
+        yield_until = time.monotonic() + _YIELD_FOR
+        while counters[index] < value:
+            os.sched_yield()
+            if time.monotonic() > yield_until:
+                break
+        pause = _FIRST_SLEEP
+        limit = None if deadline is None else started + deadline.timeout
+        while counters[index] < value:
+            if limit is not None and time.monotonic() > limit:
+                raise deadline.timeout_error()  # type: ignore[union-attr]
+            time.sleep(pause)
+            pause = min(pause * 2, _MAX_SLEEP)
+
+    # -- the hierarchical communicator's stages ----------------------------------------------------
 
     def mean_through_leader(
         self,
@@ -149,47 +327,22 @@ class SharedMemoryReducer:
         barrier: Callable[[], None],
         across_hosts: Callable[[np.ndarray], None] | None,
     ) -> None:
-        """:meth:`mean` for the hierarchical communicator: rank 0 of this host sums the slots
-        into the result slot and, with ``across_hosts``, all-reduces it in place with the other
-        hosts' leaders; after a second barrier every rank reads the result."""
-        slots = self._publish(views, buf.dtype, scale)
+        """One bucket's mean for the hierarchical communicator: every rank publishes its scaled
+        bucket, rank 0 of this host sums the slots into the result slot and, with
+        ``across_hosts``, all-reduces it in place with the other hosts' leaders; after a second
+        barrier every rank reads the result."""
+        parity = self._parity
+        self._parity ^= 1
+        typed = self._typed_slots(parity, buf.dtype)[:, : buf.size]
+        kernels.pack(views, typed[self.rank], scale)
         barrier()
-        result = slots[self.size]
+        result = typed[self.size]
         if self.rank == 0:
-            self._sum(slots[: self.size], result)
+            self._sum(typed[: self.size], result)
             if across_hosts is not None:
                 across_hosts(result)
         barrier()
         kernels.unpack(result, views)
-
-    def _publish(
-        self, views: Sequence[np.ndarray], wire: np.dtype[Any], scale: float
-    ) -> np.ndarray:
-        """Pack ``views`` times ``scale`` into this rank's slot of the next parity; returns that
-        parity's slots (every rank's, then the result slot) as ``wire`` arrays."""
-        parity = self._parity
-        self._parity ^= 1
-        key = (parity, wire.str)
-        typed = self._typed.get(key)
-        if typed is None:
-            usable = self.slot_bytes // wire.itemsize * wire.itemsize
-            typed = self._slots[parity, :, :usable].view(wire)
-            self._typed[key] = typed
-        if len(views) == 1 and views[0].dtype == wire:
-            # the common case (a slice of one large array): skip the general packing
-            piece = views[0]
-            slots = typed[:, : piece.size]
-            if scale == 1.0:
-                np.copyto(slots[self.rank], piece)
-            else:
-                work = kernels.scale_dtype(wire, wire)  # float16 scales in float32, as pack does
-                np.multiply(
-                    piece, work.type(scale), out=slots[self.rank], dtype=work, casting="unsafe"
-                )
-            return slots
-        slots = typed[:, : sum(int(v.size) for v in views)]
-        kernels.pack(views, slots[self.rank], scale)
-        return slots
 
     def _sum(self, slots: np.ndarray, out: np.ndarray) -> None:
         if self.size == 1:
@@ -200,6 +353,7 @@ class SharedMemoryReducer:
             np.add(out, slots[q], out=out)
 
     def close(self) -> None:
+        self._counters.release()
         self._slots = np.empty((2, 0, 0), dtype=np.uint8)  # drop the views into the mapping
         self._typed.clear()
         try:
