@@ -325,7 +325,10 @@ class CommunicatorBase:
                 arrays, wire, self.bucket_bytes, tag="mpi", own_bucket_bytes=OWN_BUCKET_BYTES
             )
         flats, flush = arr.contiguous_views(arrays)
-        if shm is not None:
+        if shm is not None and shm.size == self.size:
+            # every rank maps the segment: the mean completes in it, buckets pipelined
+            shm.mean_buckets(plan.pieces(flats), scale, self._sync, self._watchdog)
+        elif shm is not None:
             for views, buf in plan.pieces(flats):
                 self._shared_mean(shm, views, buf, scale)
         else:
