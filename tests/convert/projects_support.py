@@ -1,0 +1,258 @@
+"""The realistic multi-file projects of ``fixtures/corpus/projects``: finding, converting, running.
+
+Each project directory holds ``mnify-case.json``::
+
+    {"entry": "train.py", "args": [...], "writes": ["result/log", ...],
+     "tail_marker": "<start of a line the post-training tail prints>", "patterns": [1, 2, ...],
+     "setup": "preprocess.py",        # optional: run once before training (makes data files)
+     "distributed": true}             # optional: already ChainerMN, conversion changes nothing
+
+``{root}`` in ``args`` stands for the directory the project is installed in (for data files and
+configs given by path), since every rank runs in its own working directory.
+
+The converted project runs under :data:`LAUNCHER`, which chdirs each rank into ``rank<N>/`` (so
+"only rank 0 writes" is checked on the file system) and, once the script returns, prints one
+``MNIFY-PROBE {json}`` line: a digest of every optimizer target's parameters and of every
+training iterator's dataset. Equal parameters on all ranks mean gradients were averaged; different
+datasets mean each rank trained on its own shard. Together: the run was data parallel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mnify.rewrites import ConvertOptions, convert_sources
+from tests.support.mpirun import RankRun, mpi_env, run_ranks
+
+PROJECTS = Path(__file__).resolve().parents[2] / "fixtures" / "corpus" / "projects"
+CASE_FILE = "mnify-case.json"
+PROBE = "MNIFY-PROBE "
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", CASE_FILE)
+
+
+@dataclass(frozen=True)
+class Project:
+    """One corpus project and how to run it tiny."""
+
+    name: str
+    root: Path
+    entry: str
+    args: tuple[str, ...]
+    writes: tuple[str, ...]
+    tail_marker: str
+    patterns: tuple[int, ...]
+    setup: str | None = None
+    distributed: bool = False
+
+    def sources(self) -> dict[str, str]:
+        """``{path: text}`` of every .py file, keyed by real path as ``mnify convert DIR`` does."""
+        files: list[Path] = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
+        return {str(f): f.read_text(encoding="utf-8") for f in files}
+
+    def argv(self, installed: Path) -> list[str]:
+        return [a.replace("{root}", str(installed)) for a in self.args]
+
+
+def load_projects() -> list[Project]:
+    projects = []
+    for case_file in sorted(PROJECTS.glob(f"*/{CASE_FILE}")):
+        spec: dict[str, Any] = json.loads(case_file.read_text(encoding="utf-8"))
+        projects.append(
+            Project(
+                name=case_file.parent.name,
+                root=case_file.parent,
+                entry=spec["entry"],
+                args=tuple(spec["args"]),
+                writes=tuple(spec["writes"]),
+                tail_marker=spec["tail_marker"],
+                patterns=tuple(spec["patterns"]),
+                setup=spec.get("setup"),
+                distributed=bool(spec.get("distributed", False)),
+            )
+        )
+    return projects
+
+
+def convert(sources: dict[str, str], options: ConvertOptions | None = None) -> dict[str, str]:
+    """Convert a project's files together; raise AssertionError naming any file that failed."""
+    results = convert_sources(sources, options or ConvertOptions())
+    errors = {r.path: r.error for r in results if r.error is not None}
+    assert not errors, f"conversion failed: {errors}"
+    out = {}
+    for r in results:
+        # a skipped file (``# mnify: noqa``) is installed as written
+        out[r.path] = r.output if r.output is not None else r.source
+    return out
+
+
+def install(project: Project, outputs: dict[str, str], where: Path) -> Path:
+    """Copy the project (configs, data) to ``where`` with its .py files replaced by ``outputs``."""
+    shutil.copytree(project.root, where, ignore=_IGNORE)
+    for path, text in outputs.items():
+        (where / Path(path).relative_to(project.root)).write_text(text, encoding="utf-8")
+    if project.setup is not None:
+        # the original preprocessing script makes the data, once, in the install directory
+        subprocess.run(
+            [sys.executable, str(project.root / project.setup)],
+            cwd=where,
+            env=mpi_env(),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    return where
+
+
+# Runs the entry in ./rank<N>/ and prints the probe; guarded so a forkserver that imports this
+# launcher as __mp_main__ does nothing.
+LAUNCHER = """\
+import hashlib, json, os, random, runpy, sys
+
+import numpy
+
+
+def _feed(h, x):
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        a = numpy.ascontiguousarray(numpy.asarray(x))
+        h.update(repr((a.shape, a.dtype.str)).encode())
+        h.update(a.tobytes())
+    elif isinstance(x, (tuple, list)):
+        h.update(b"(")
+        for y in x:
+            _feed(h, y)
+        h.update(b")")
+    elif isinstance(x, dict):
+        for k in sorted(x):
+            h.update(repr(k).encode())
+            _feed(h, x[k])
+    else:
+        h.update(repr(x).encode())
+
+
+def _dataset_digest(ds):
+    # random transforms read the same numbers on every rank; the script's streams are restored
+    np_state, py_state = numpy.random.get_state(), random.getstate()
+    numpy.random.seed(0)
+    random.seed(0)
+    try:
+        h = hashlib.sha1()
+        for i in range(len(ds)):
+            _feed(h, ds[i])
+        return [len(ds), h.hexdigest()]
+    finally:
+        numpy.random.set_state(np_state)
+        random.setstate(py_state)
+
+
+def _params_digest(link):
+    h = hashlib.sha1()
+    names = []
+    for name, param in sorted(link.namedparams()):
+        names.append(name)
+        h.update(name.encode())
+        _feed(h, None if param.array is None else chainer.backends.cuda.to_cpu(param.array))
+    return [len(names), h.hexdigest()]
+
+
+if __name__ == "__main__":
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+    workdir = os.path.join({base!r}, "rank" + rank)
+    os.makedirs(workdir, exist_ok=True)
+    os.chdir(workdir)
+    sys.path.insert(0, {scriptdir!r})
+    sys.argv = [{script!r}] + {args!r}
+
+    import chainer
+    import chainer.training
+
+    targets, datasets = [], []
+
+    def _remember(ds):
+        if ds is not None and all(d is not ds for d in datasets):
+            datasets.append(ds)
+
+    _setup = chainer.Optimizer.setup
+
+    def setup(self, link):
+        if all(t is not link for t in targets):
+            targets.append(link)
+        return _setup(self, link)
+
+    chainer.Optimizer.setup = setup
+    _run = chainer.training.Trainer.run
+
+    def run(self, *args, **kwargs):
+        for it in getattr(self.updater, "_iterators", {{}}).values():
+            _remember(getattr(it, "dataset", None))
+        return _run(self, *args, **kwargs)
+
+    chainer.training.Trainer.run = run
+    for cls in (chainer.iterators.SerialIterator, chainer.iterators.MultiprocessIterator):
+        def init(self, dataset, *args, _init=cls.__init__, **kwargs):
+            _init(self, dataset, *args, **kwargs)
+            if getattr(self, "repeat", getattr(self, "_repeat", False)):
+                _remember(dataset)
+        cls.__init__ = init
+
+    try:
+        runpy.run_path({script!r}, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise
+    probe = {{
+        "params": [_params_digest(t) for t in targets],
+        "datasets": [_dataset_digest(d) for d in datasets],
+    }}
+    print({probe!r} + json.dumps(probe), flush=True)
+"""
+
+
+def run_on_ranks(project: Project, installed: Path, base: Path, n: int = 2) -> RankRun:
+    """Run the installed entry on ``n`` ranks, each in ``base/rank<N>``; failures are returned."""
+    script = installed / project.entry
+    source = LAUNCHER.format(
+        base=str(base),
+        scriptdir=str(script.parent),
+        script=str(script),
+        args=project.argv(installed),
+        probe=PROBE,
+    )
+    return run_ranks(
+        n,
+        source,
+        timeout=150,
+        cwd=base,
+        check=False,
+        # a collective that some rank never reaches fails the run instead of hanging it
+        env={"MNIFY_WATCHDOG_TIMEOUT": "40"},
+    )
+
+
+def probes(run: RankRun, n: int) -> list[dict[str, Any]]:
+    """Each rank's probe (the last one it printed); AssertionError if a rank printed none."""
+    found = []
+    for rank in range(n):
+        lines = [line for line in run.rank_lines(rank) if line.startswith(PROBE)]
+        assert lines, f"rank {rank} printed no probe (did its script finish?)\n{run.describe()}"
+        found.append(json.loads(lines[-1][len(PROBE) :]))
+    return found
+
+
+def marker_count(lines: list[str], marker: str) -> int:
+    return sum(1 for line in lines if line.startswith(marker))
+
+
+def files_under(folder: Path) -> list[str]:
+    if not folder.exists():
+        return []
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
