@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import mmap
+import threading
+import time
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -199,3 +204,73 @@ def test_planner_with_no_bucket_size_packs_everything_in_one() -> None:
     assert plan_buckets([4, 0, 9], None) == [[(0, 0, 4), (2, 0, 9)]]
     plan = BucketPlan.build([4, 0, 9], np.dtype(np.float32), None)
     assert plan.buckets == [[(0, 0, 4), (2, 0, 9)]] and plan.buffer.size == 13
+
+
+def test_shares_cover_a_bucket_on_cache_lines() -> None:
+    for n, size, itemsize in [(1000, 2, 4), (1000, 3, 4), (7, 3, 4), (0, 2, 8), (33, 4, 2)]:
+        bounds = shared_memory.share_bounds(n, size, itemsize)
+        assert bounds[0] == 0 and bounds[-1] == n and len(bounds) == size + 1
+        assert all(a <= b for a, b in zip(bounds, bounds[1:], strict=False))
+        assert all(b * itemsize % 64 == 0 for b in bounds[:-1])
+
+
+def _reducers(size: int, slot_bytes: int) -> list[shared_memory.SharedMemoryReducer]:
+    """``size`` ranks' reducers over one anonymous mapping, for threads of one process."""
+    nbytes = shared_memory._header_bytes(size) + 2 * (size + 1) * slot_bytes
+    segment = mmap.mmap(-1, nbytes)
+    return [shared_memory.SharedMemoryReducer(segment, r, size, slot_bytes) for r in range(size)]
+
+
+@pytest.mark.parametrize(("size", "ordered"), [(2, True), (3, True), (3, False)])
+def test_pipelined_shared_mean_in_threads(size: int, ordered: bool) -> None:
+    """The counter protocol, with ranks as threads that stall at random between buckets:
+    every rank ends with the same bits, equal to the mean. ``ordered=False``: the barrier
+    path used where stores are not ordered."""
+    slot = 256
+    reducers = _reducers(size, slot)
+    sizes = [3, 200, 17, 0, 64, 5, 150, 1, 90]
+    dtypes = [np.float32, np.float32, np.float16, np.float32, np.float64, np.float32]
+    dtypes += [np.float32, np.float32, np.float32]
+    inputs = [
+        [np.random.default_rng(10 * r + i).standard_normal(n) for i, n in enumerate(sizes)]
+        for r in range(size)
+    ]
+    gate = threading.Barrier(size)
+    results: list[list[list[np.ndarray]]] = [[] for _ in range(size)]
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        reducer = reducers[r]
+        reducer.ordered_stores = ordered
+        rng = np.random.default_rng(r)
+        try:
+            for _step in range(3):
+                arrays = [x.astype(d) for x, d in zip(inputs[r], dtypes, strict=True)]
+                plan = BucketPlan.build(sizes, np.dtype(np.float32), slot)
+
+                def stalling(arrays: list[np.ndarray] = arrays, plan: BucketPlan = plan) -> Any:
+                    for bucket in plan.pieces(arrays):
+                        time.sleep(float(rng.uniform(0, 2e-3)))
+                        yield bucket
+
+                reducer.mean_buckets(stalling(), 1.0 / size, gate.wait)
+                results[r].append(arrays)
+        except BaseException as exc:  # surfaces in the main thread
+            errors.append(exc)
+            gate.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert all(not t.is_alive() for t in threads)
+    for i, dtype in enumerate(dtypes):
+        mean = sum(inputs[r][i].astype(dtype).astype(np.float64) for r in range(size)) / size
+        tol = 2e-3 if dtype == np.float16 else 1e-6
+        for step in range(3):
+            got = results[0][step][i]
+            np.testing.assert_allclose(got.astype(np.float64), mean, rtol=tol, atol=tol)
+            for r in range(1, size):
+                assert np.array_equal(results[r][step][i], got), (i, r, step)

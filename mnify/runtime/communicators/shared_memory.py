@@ -49,7 +49,7 @@ from typing import Any, Protocol
 import numpy as np
 from mpi4py import MPI
 
-from mnify.runtime import kernels
+from mnify.runtime import kernels, rank_state
 
 ENV = "MNIFY_SHARED_MEMORY"  # "0" turns this path off (MPI Allreduce instead)
 
@@ -304,18 +304,22 @@ class SharedMemoryReducer:
         """A rank is late: give the CPU away (it may be the core that rank needs), first by
         yielding, then by sleeping; past the watchdog's deadline, raise its error."""
         counters = self._counters
-        yield_until = time.monotonic() + _YIELD_FOR
-        while counters[index] < value:
-            os.sched_yield()
-            if time.monotonic() > yield_until:
-                break
-        pause = _FIRST_SLEEP
-        limit = None if deadline is None else started + deadline.timeout
-        while counters[index] < value:
-            if limit is not None and time.monotonic() > limit:
-                raise deadline.timeout_error()  # type: ignore[union-attr]
-            time.sleep(pause)
-            pause = min(pause * 2, _MAX_SLEEP)
+        rank_state.wait_begins()  # for mnify run: this rank waits on the others, as in MPI
+        try:
+            yield_until = time.monotonic() + _YIELD_FOR
+            while counters[index] < value:
+                os.sched_yield()
+                if time.monotonic() > yield_until:
+                    break
+            pause = _FIRST_SLEEP
+            limit = None if deadline is None else started + deadline.timeout
+            while counters[index] < value:
+                if limit is not None and time.monotonic() > limit:
+                    raise deadline.timeout_error()  # type: ignore[union-attr]
+                time.sleep(pause)
+                pause = min(pause * 2, _MAX_SLEEP)
+        finally:
+            rank_state.wait_ends()
 
     # -- the hierarchical communicator's stages ----------------------------------------------------
 
