@@ -12,7 +12,7 @@ import click
 
 from mnify.config import ConfigError
 from mnify.lint.docs import EXAMPLE_IMPORTS, render_markdown
-from mnify.lint.files import lint_paths
+from mnify.lint.files import LintResult, lint_paths
 from mnify.lint.formatters import FORMATS, format_diagnostics, format_statistics
 from mnify.lint.registry import ALL_RULES, SelectorError, rule_for, split_selectors
 
@@ -47,6 +47,11 @@ def _selectors(values: tuple[str, ...], option: str) -> list[str]:
 )
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option(
+    "--fix",
+    is_flag=True,
+    help="Apply the fixes `mnify convert` would make for the selected rules, in place.",
+)
+@click.option(
     "--stdin-filename",
     default=None,
     help="Name shown (and used to find the config) for source read from stdin (PATH '-').",
@@ -59,6 +64,7 @@ def lint(
     output_format: str,
     statistics: bool,
     exit_zero: bool,
+    fix: bool,
     stdin_filename: str | None,
 ) -> None:
     """Report distributed-training hazards in PATHS (files, directories searched for *.py, or
@@ -67,12 +73,15 @@ def lint(
     ignored = _selectors(ignore, "--ignore")
     extended = _selectors(extend_select, "--extend-select")
     read_stdin = Path("-") in paths
+    if fix and read_stdin:
+        raise click.UsageError("--fix rewrites files in place; it cannot read standard input")
     targets = [p for p in paths if p != Path("-")] or ([] if read_stdin else [Path(".")])
     missing = [p for p in targets if not p.exists()]
     for path in missing:
         click.echo(f"error: cannot lint {path.as_posix()}: no such file or directory", err=True)
-    try:
-        result = lint_paths(
+
+    def run() -> LintResult:
+        return lint_paths(
             [p for p in targets if p.exists()],
             select=chosen,
             ignore=ignored,
@@ -80,6 +89,11 @@ def lint(
             stdin=sys.stdin.buffer.read() if read_stdin else None,
             stdin_filename=stdin_filename or "-",
         )
+
+    try:
+        result = run()
+        if fix and _fix_files(result):
+            result = run()  # what is left after the fixes
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_ERROR)
@@ -95,6 +109,41 @@ def lint(
     if result.diagnostics and not exit_zero:
         sys.exit(EXIT_FINDINGS)
     sys.exit(EXIT_CLEAN)
+
+
+def _fix_files(result: LintResult) -> int:
+    """Rewrite each file with fixable findings (the converter's fixes for those rules), safely
+    and in its own encoding; returns how many findings were fixed. A file whose fix fails its
+    checks is left as it was, with an ``error:`` line."""
+    from mnify.rewrites.fix import fix_source
+    from mnify.sourcefile import SourceDecodeError, read_source, write_file
+
+    by_file: dict[str, list[str]] = {}
+    for d in result.diagnostics:
+        if d.fixable:
+            by_file.setdefault(d.path, []).append(d.code)
+    fixed = 0
+    for shown, codes in sorted(by_file.items()):
+        path = Path(shown)
+        try:
+            source = read_source(path)
+        except (OSError, SourceDecodeError) as exc:
+            click.echo(f"error: cannot fix {shown}: {exc}", err=True)
+            continue
+        outcome = fix_source(source.text, shown, codes)
+        if outcome.error is not None or outcome.output is None:
+            click.echo(f"error: cannot fix {shown}: {outcome.error}", err=True)
+            continue
+        if outcome.output == source.text:
+            continue
+        try:
+            write_file(path, source.encode(outcome.output))
+        except (OSError, ValueError) as exc:
+            click.echo(f"error: cannot fix {shown}: {exc}", err=True)
+            continue
+        fixed += len(codes)
+        click.echo(f"fixed {shown}: {', '.join(sorted(set(codes)))}", err=True)
+    return fixed
 
 
 def _indent(text: str) -> str:
@@ -116,7 +165,7 @@ def explain(code: str) -> None:
         f"Why:\n{_indent(textwrap.fill(rule.why, width=92))}\n"
         f"Bad:\n{_indent(rule.bad)}\n"
         f"Good:\n{_indent(rule.good)}\n"
-        f"Fixed by `mnify convert`: {'yes' if rule.fixable else 'no'}. "
+        f"Fixed by `mnify convert` and `mnify lint --fix`: {'yes' if rule.fixable else 'no'}. "
         f"On by default: {'yes' if rule.default_enabled else 'no'}. "
         f"Checks {rule.applies_to.value}.\n\n"
         f"The examples assume:\n{_indent(EXAMPLE_IMPORTS)}",

@@ -28,7 +28,7 @@ def format_concise(diagnostics: Sequence[Diagnostic], unlinted: int = 0) -> str:
         noun = "finding" if len(diagnostics) == 1 else "findings"
         summary = f"Found {len(diagnostics)} {noun}"
         if fixable:
-            summary += f" ({fixable} fixable with `mnify convert`)"
+            summary += f" ({fixable} fixable with `mnify lint --fix`)"
         lines.append(summary + (f"; {failed}." if unlinted else "."))
     elif unlinted:
         lines.append(f"Failed: {failed}; no findings in the rest.")

@@ -61,7 +61,7 @@ def find_entry(ctx: FileContext) -> None:
         if isinstance(a.value, cst.Call) and len(a.targets) == 1:
             q = getattr(facts.call_of(a.value), "qname", "")
             if vocab.is_communicator_factory(q):
-                ctx.entry = Entry(func=a.func, comm=a.targets[0], exists=True)
+                ctx.entry = Entry(func=a.func, comm=a.targets[0], exists=True, creation=a.stmt)
                 break
     entry = ctx.entry
     if entry is None:

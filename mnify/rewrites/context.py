@@ -31,6 +31,7 @@ class Entry:
     func: cst.FunctionDef | None  # None: module level
     comm: str = "comm"
     exists: bool = False  # the file already creates a communicator (converted before)
+    creation: cst.BaseStatement | None = None  # ... in this statement
     anchor: cst.BaseStatement | None = None  # comm goes right after this statement
     top_of: cst.FunctionDef | None = None  # ... or at the top of this function's body
     args: str | None = None  # the argparse namespace variable

@@ -19,7 +19,7 @@ import libcst as cst
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import Guard, NodeFn, expression, statement
-from mnify.rewrites.facts import CallFact, assigned_in, names_in, target_names
+from mnify.rewrites.facts import CallFact, assigned_in, mentions_rank, names_in, target_names
 from mnify.rewrites.registry import rewrite
 
 
@@ -116,6 +116,58 @@ def plan(ctx: FileContext) -> None:
             ctx.note(call.node, "dataset", "changed", f"dataset scattered inline with {scatter}")
     for n, item in enumerate(work.values()):
         _plan_block(ctx, item, n)
+    _plan_rank0_loading(ctx)
+
+
+def _plan_rank0_loading(ctx: FileContext) -> None:
+    """A dataset the script scatters itself but loads on every rank (MN501): rank 0 loads it,
+    the others bind None, as when the converter writes the scatter."""
+    only = ctx.options.only_codes
+    if only is not None and "MN501" not in only:
+        return
+    for n, fact in enumerate(ctx.facts.assigns):
+        call = ctx.facts.call_of(fact.value)
+        stmt = fact.stmt
+        if call is None or stmt is None or not vocab.is_scatter(call.qname):
+            continue
+        args = [a for a in call.node.args if a.keyword is None]
+        if len(fact.targets) != 1 or not args or not isinstance(args[0].value, cst.Name):
+            continue
+        name = fact.targets[0]
+        if args[0].value.value != name or id(stmt) in ctx.facts.under_rank_test:
+            continue
+        block = ctx.facts.block_of.get(id(stmt))
+        if block is None:
+            continue
+        body = list(block.body)
+        index = body.index(stmt)
+        mine = {id(a.stmt) for a in ctx.facts.assigns_of(name) if a is not fact}
+        defs = [i for i, earlier in enumerate(body[:index]) if id(earlier) in mine]
+        if not defs:
+            continue
+        region = body[defs[0] : defs[-1] + 1]
+        if any(
+            id(r) in ctx.facts.under_rank_test or ctx.plan.is_guarded(r) or _is_rank_if(r)
+            for r in region
+        ) or ctx.suppressed(region[0], "dataset", "MN501"):
+            continue
+        others = assigned_in(region) - {name}
+        later = names_in(body[defs[-1] + 1 :])
+        if others & later:
+            continue  # the loading also defines something every rank needs
+        comm = ctx.comm_at(block.func, "dataset")
+        if comm is None:
+            continue
+        for i, loading in enumerate(region):
+            last = i == len(region) - 1
+            ctx.plan.guard_stmt(loading, Guard(f"load{n}", (name,) if last else ()))
+        ctx.note(
+            region[0], "dataset", "changed", f"rank 0 loads {name}; the others get None", "MN501"
+        )
+
+
+def _is_rank_if(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.If) and mentions_rank(stmt.test)
 
 
 def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
@@ -191,8 +243,11 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
 def _assigned_before(ctx: FileContext, name: str, stmt: cst.BaseStatement) -> bool:
     """Whether every path to ``stmt`` has assigned ``name``: an assignment at the top of a block
     that holds ``stmt`` (or one of its enclosing statements), earlier in that block, or a
-    parameter of the enclosing function. Assignments nested in branches or loops do not count."""
+    parameter of the enclosing function. Assignments nested in branches or loops do not count;
+    a name this file never assigns counts as assigned."""
     mine = {id(a.stmt) for a in ctx.facts.assigns_of(name) if a.stmt is not None}
+    if not mine:
+        return True  # bound outside this file (a global of the caller's): nothing to misorder
     current: cst.BaseStatement | None = stmt
     while current is not None:
         block = ctx.facts.block_of.get(id(current))

@@ -110,6 +110,18 @@ def plan(ctx: FileContext) -> None:
                 ctx.plan.replace_node(call.node, _with_first_arg(f"{comm}.intra_rank"), call.stmt)
                 ctx.note(call.node, "device", "changed", "to_gpu() -> to_gpu(comm.intra_rank)")
             continue
+        given = arg.value
+        if isinstance(given, cst.Attribute) and given.attr.value == "rank":
+            # the global rank numbers GPUs across nodes; each node's GPUs start at 0 (MN103)
+            receiver = ctx.code(given.value)
+            ctx.plan.replace_node(arg, _with_value(f"{receiver}.intra_rank"), call.stmt)
+            ctx.note(
+                call.node,
+                "device",
+                "changed",
+                f"GPU id {receiver}.rank (global) -> {receiver}.intra_rank (within the node)",
+            )
+            continue
         kind = _literal_gpu(arg.value)
         if kind is not None:
             comm = ctx.comm_at(call.func, "device literal")

@@ -29,7 +29,9 @@ def _plan(ctx: FileContext) -> list[cst.BaseStatement]:
     has_preamble = any(c.qname == "multiprocessing.set_start_method" for c in facts.calls)
     mp_calls = [c for c in facts.calls if vocab.is_multiprocess_iterator(c.qname)]
     entry = ctx.entry
-    if not mp_calls or has_preamble or entry is None or entry.exists:
+    if not mp_calls or has_preamble or entry is None:
+        return []
+    if entry.exists and entry.creation is None:
         return []
     if ctx.suppressed(mp_calls[0].node, "fork-hazard"):
         return []
@@ -51,7 +53,7 @@ def _plan(ctx: FileContext) -> list[cst.BaseStatement]:
         "changed",
         "MultiprocessIterator forks workers: forkserver preamble inserted before the communicator",
     )
-    return [
+    preamble = [
         statement(
             "# MultiprocessIterator forks: start workers from a forkserver, never from MPI\n"
             f"{mp}.set_start_method({ctx.q('forkserver')})\n"
@@ -60,3 +62,7 @@ def _plan(ctx: FileContext) -> list[cst.BaseStatement]:
         statement("p.start()\n"),
         statement("p.join()\n"),
     ]
+    if entry.creation is not None:  # the script creates its communicator already
+        ctx.plan.insert_before(entry.creation, preamble)
+        return []
+    return preamble

@@ -56,7 +56,7 @@ def test_concise_output_is_sorted_by_path_line_column(project: Path) -> None:
         f"{b}:7:5: MN301 `barrier` runs only on the ranks that take the rank check at line 6; "
         "the other ranks never join it (deadlock)",
     ]
-    assert lines[-1] == "Found 3 findings (1 fixable with `mnify convert`)."  # b_train.py once
+    assert lines[-1] == "Found 3 findings (1 fixable with `mnify lint --fix`)."  # b_train.py once
 
 
 def test_exit_codes(project: Path) -> None:

@@ -35,7 +35,7 @@ class DatasetLoadedOnEveryRank(Rule):
         "if comm.rank == 0:\n"
         "    train, test = chainer.datasets.get_mnist()\n"
         "else:\n"
-        "    train, test = None, None\n"
+        "    train = None\n"
         "train = chainermn.scatter_dataset(train, comm, shuffle=True)\n"
     )
     fixable = True
@@ -74,7 +74,7 @@ class PlainBatchNormalization(Rule):
         "small per-rank batches. MultiNodeBatchNormalization computes them over all ranks."
     )
     bad = "comm = chainermn.create_communicator()\nself.bn = L.BatchNormalization(64)\n"
-    good = "comm = chainermn.create_communicator()\nself.bn = mn.links.MultiNodeBatchNormalization(64, comm)\n"
+    good = "comm = chainermn.create_communicator()\nself.bn = chainermn.links.MultiNodeBatchNormalization(64, comm)\n"
     fixable = True
     applies_to = AppliesTo.DATA_PARALLEL
 
@@ -201,8 +201,9 @@ class PlainEvaluator(_WrapTracker):
     bad = "comm = chainermn.create_communicator()\ntrainer.extend(extensions.Evaluator(test_iter, model))\n"
     good = (
         "comm = chainermn.create_communicator()\n"
-        "evaluator = extensions.Evaluator(test_iter, model)\n"
-        "trainer.extend(chainermn.create_multi_node_evaluator(evaluator, comm))\n"
+        "trainer.extend(\n"
+        "    chainermn.create_multi_node_evaluator(extensions.Evaluator(test_iter, model), comm)\n"
+        ")\n"
     )
     fixable = True
     applies_to = AppliesTo.DATA_PARALLEL

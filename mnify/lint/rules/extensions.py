@@ -79,6 +79,7 @@ class FileSavedOnEveryRank(Rule):
         "if comm.rank == 0:\n"
         "    chainer.serializers.save_npz('model.npz', model)\n"
     )
+    fixable = True
     applies_to = AppliesTo.DISTRIBUTED
 
     def visit_Call(self, node: cst.Call) -> None:

@@ -100,7 +100,11 @@ class PrintOnEveryRank(Rule):
         "per-rank messages drown. Print on rank 0, or include the rank when the message is "
         "about one rank. Information only."
     )
-    bad = "comm = chainermn.create_communicator()\nprint('epoch done')\n"
+    bad = (
+        "comm = chainermn.create_communicator()\n"
+        "print('epoch done')\n"
+        "print('rank', comm.rank, 'ready')\n"
+    )
     good = (
         "comm = chainermn.create_communicator()\n"
         "if comm.rank == 0:\n"

@@ -1,0 +1,5 @@
+"""``python -m mnify``: the same as the ``mnify`` console script."""
+
+from mnify.cli import main
+
+main()
