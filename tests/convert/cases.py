@@ -1,11 +1,13 @@
 """The converter fixtures: where they live, the flags each converts with, how each runs tiny.
 
-Single-file cases are ``fixtures/convert/NAME.in.py -> NAME.out.py``; a multi-file case is a
-directory ``fixtures/convert/NAME/in/`` converted together into ``NAME/out/``.
+Single-file cases are ``fixtures/convert/NAME.in.py -> NAME.out.py`` with the options and the
+tiny run in ``NAME.case.json``; a multi-file case is a directory ``fixtures/convert/NAME/in/``
+converted together into ``NAME/out/``, with ``NAME/case.json``. Adding a case is adding files.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,108 +40,36 @@ class Case:
         return FIXTURES / self.name / "out" if self.multi else FIXTURES / f"{self.name}.out.py"
 
 
-CASES = [
-    Case(
-        "mnist_mlp",
-        run_args=(
-            "--synthetic",
-            "32",
-            "--batchsize",
-            "8",
-            "--epoch",
-            "2",
-            "--unit",
-            "16",
-            "--noplot",
-            "--out",
-            "result",
-        ),
-        writes=("result/log", "result/snapshot_iter_*", "result/cg.dot"),
-    ),
-    Case(
-        "cifar_cnn_bn",
-        run_args=(
-            "--synthetic",
-            "32",
-            "--batchsize",
-            "8",
-            "--epoch",
-            "2",
-            "--width",
-            "4",
-            "--early-stopping",
-            "validation/main/loss",
-            "--out",
-            "result",
-        ),
-        writes=("result/log", "result/snapshot_epoch_2", "result/model_epoch_2"),
-    ),
-    Case(
-        "dcgan",
-        run_args=(
-            "--synthetic",
-            "32",
-            "--batchsize",
-            "8",
-            "--epoch",
-            "2",
-            "--n_hidden",
-            "4",
-            "--out",
-            "result",
-        ),
-        writes=("result/log", "result/gen_iter_*.npz", "result/dis_iter_*.npz"),
-    ),
-    Case(
-        "custom_loop",
-        run_args=(
-            "--synthetic",
-            "32",
-            "--batchsize",
-            "8",
-            "--epoch",
-            "2",
-            "--unit",
-            "16",
-            "--out",
-            ".",
-        ),
-        writes=("mlp.model", "mlp.state"),
-    ),
-    Case(
-        "multiprocess_iterator",
-        run_args=(
-            "--synthetic",
-            "64",
-            "--batchsize",
-            "8",
-            "--epoch",
-            "2",
-            "--loaderjob",
-            "1",
-            "--out",
-            "result",
-        ),
-        writes=("result/log",),
-    ),
-    Case(
-        "old_style",
-        run_args=("--synthetic", "64", "--batchsize", "8", "--epoch", "2", "--out", "result"),
-        writes=("result/log",),
-    ),
-    Case(
-        "import_aliases",
-        run_args=("--synthetic", "32", "--batchsize", "4", "--epoch", "2", "--out", "result"),
-        writes=("result/log", "result/model.npz"),
-    ),
-    Case(
-        "model_parallel_cnn",
-        options=ConvertOptions(model_parallel="channel"),
-        run_args=("--synthetic", "32", "--batchsize", "8", "--epoch", "2", "--out", "result"),
-        writes=("result/log",),
-    ),
-]
+def _load(name: str, sidecar: Path) -> Case:
+    """A case from its sidecar: ``{"run_args": [...], "writes": [...], "options": {...},
+    "entry": "train.py"}`` (all optional)."""
+    data = json.loads(sidecar.read_text(encoding="utf-8")) if sidecar.exists() else {}
+    options = data.get("options", {})
+    if "only_codes" in options:
+        options["only_codes"] = frozenset(options["only_codes"])
+    return Case(
+        name,
+        options=ConvertOptions(**options),
+        run_args=tuple(data.get("run_args", ())),
+        entry=data.get("entry", "train.py"),
+        writes=tuple(data.get("writes", ())),
+    )
 
+
+def discover() -> list[Case]:
+    """Every fixture, found by glob: ``NAME.in.py`` (sidecar ``NAME.case.json``) and
+    ``NAME/in/`` (sidecar ``NAME/case.json``)."""
+    found = [
+        _load(
+            p.name.removesuffix(".in.py"), p.with_name(p.name.removesuffix(".in.py") + ".case.json")
+        )
+        for p in FIXTURES.glob("*.in.py")
+    ]
+    found += [_load(p.name, p / "case.json") for p in FIXTURES.iterdir() if (p / "in").is_dir()]
+    return sorted(found, key=lambda c: c.name)
+
+
+CASES = discover()
 BY_NAME = {c.name: c for c in CASES}
 
 

@@ -41,7 +41,13 @@ def test_fixture(case: Case, regen: bool) -> None:
         )
 
 
-def test_every_fixture_file_is_a_case() -> None:
-    names = {p.name.removesuffix(".in.py") for p in FIXTURES.glob("*.in.py")}
-    names |= {p.name for p in FIXTURES.iterdir() if p.is_dir() and (p / "in").is_dir()}
-    assert names == {c.name for c in CASES}
+def test_every_fixture_has_its_expected_output_and_sidecar() -> None:
+    assert len(CASES) >= 8
+    for case in CASES:
+        sidecar = (
+            FIXTURES / case.name / "case.json"
+            if case.multi
+            else (FIXTURES / f"{case.name}.case.json")
+        )
+        assert sidecar.exists(), f"{case.name}: no {sidecar.name} (run args and files written)"
+        assert case.expected.exists(), f"{case.name}: no expected output; run with --regen"
