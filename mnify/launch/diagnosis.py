@@ -419,7 +419,7 @@ def _communication(facts: JobFacts, status: int, timeouts: list[ErrorGroup]) -> 
         )
         what = (
             f"collective {t.kind} #{t.seq} timed out waiting for "
-            f"{_ranks(missing) if missing else 'ranks it could not name'}"
+            f"rank(s) {format_ranks(missing) if missing else 'it could not name'}"
         )
     else:
         headline = "mpiexec lost a remote daemon (a host dropped off the network)"

@@ -11,8 +11,10 @@ state into that memory: two stores around each MPI wait, no system call. Ranks o
 (whose directory the launcher cannot read) and processes not started by ``mnify run`` stay
 inactive, and every hook is then a test of one global.
 
-The record (64 bytes, little-endian): magic ``MNRS``, phase (u32), waits begun (i64), collective
-number (i64), collective name (32 bytes, NUL padded), exit status (i32), pid (i32).
+The record (80 bytes, native byte order, as the launcher runs on the same host): six 64-bit
+words, magic ``MNRS``, phase, waits begun, collective number, exit status and pid, then the
+collective's name (32 bytes, NUL padded). Words are written through a ``memoryview``: one store
+each.
 """
 
 from __future__ import annotations
@@ -30,16 +32,12 @@ ENV_HOST = "MNIFY_RANK_STATE_HOST"
 # the world rank as each MPI's launcher exports it, in order of preference
 RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 
-MAGIC = b"MNRS"
-_RECORD = struct.Struct("<4sIqq32sii")
+MAGIC = int.from_bytes(b"MNRS", "little")
+_RECORD = struct.Struct("=6q32s")
 RECORD_BYTES = _RECORD.size
-_PHASE = struct.Struct("<I")
-_PHASE_AT = 4
-_WAITS = struct.Struct("<Iq")  # phase then waits: one store when a wait begins
-_ENTERED = struct.Struct("<q32s")
-_ENTERED_AT = 16
-_EXIT = struct.Struct("<i")
-_EXIT_AT = 56
+# word indices
+_MAGIC, _PHASE, _WAITS, _SEQ, _STATUS, _PID = range(6)
+_NAME_AT, _NAME_BYTES = 48, 32
 
 
 class Phase(IntEnum):
@@ -49,6 +47,10 @@ class Phase(IntEnum):
     RUNNING = 1  # its own work: Python code, computation, I/O
     WAITING = 2  # inside an MPI call of a collective or a receive
     EXITING = 3  # the script ended (blocked in MPI_Finalize, under mpi4py)
+
+
+# plain ints: storing an IntEnum member into a memoryview costs a conversion each time
+_RUNNING, _WAITING, _EXITING = int(Phase.RUNNING), int(Phase.WAITING), int(Phase.EXITING)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def read_record(path: Path, rank: int) -> RankRecord | None:
         return None
     if len(raw) < RECORD_BYTES:
         return None
-    magic, phase, waits, seq, kind, status, pid = _RECORD.unpack_from(raw)
+    magic, phase, waits, seq, status, pid, kind = _RECORD.unpack_from(raw)
     if magic != MAGIC:
         return None
     try:
@@ -97,26 +99,34 @@ class StateFile:
             self.memory = mmap.mmap(fd, RECORD_BYTES)
         finally:
             os.close(fd)
-        _RECORD.pack_into(self.memory, 0, MAGIC, Phase.RUNNING, 0, 0, b"", 0, os.getpid())
+        _RECORD.pack_into(self.memory, 0, MAGIC, Phase.RUNNING, 0, 0, 0, os.getpid(), b"")
+        self._bytes = memoryview(self.memory)
+        self._words = self._bytes[:_NAME_AT].cast("q")
         self.waits = 0
-        self._names: dict[str, bytes] = {}
+        self._kind = ""
 
     def entered(self, kind: str, seq: int) -> None:
-        name = self._names.get(kind)
-        if name is None:
-            name = self._names[kind] = kind.encode("utf-8")[:32]
-        _ENTERED.pack_into(self.memory, _ENTERED_AT, seq, name)
+        self._words[_SEQ] = seq
+        if kind != self._kind:  # the same collective again (every step): no copy
+            self._kind = kind
+            self._bytes[_NAME_AT:] = kind.encode("utf-8")[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
 
     def wait_begins(self) -> None:
         self.waits += 1
-        _WAITS.pack_into(self.memory, _PHASE_AT, Phase.WAITING, self.waits)
+        self._words[_WAITS] = self.waits
+        self._words[_PHASE] = _WAITING
 
     def wait_ends(self) -> None:
-        _PHASE.pack_into(self.memory, _PHASE_AT, Phase.RUNNING)
+        self._words[_PHASE] = _RUNNING
 
     def exiting(self, status: int) -> None:
-        _EXIT.pack_into(self.memory, _EXIT_AT, status)
-        _PHASE.pack_into(self.memory, _PHASE_AT, Phase.EXITING)
+        self._words[_STATUS] = status
+        self._words[_PHASE] = _EXITING
+
+    def close(self) -> None:
+        self._words.release()
+        self._bytes.release()
+        self.memory.close()
 
 
 _record: StateFile | None = None
@@ -156,7 +166,7 @@ def stop() -> None:
     """Stop publishing (the record keeps its last state)."""
     global _record
     if _record is not None:
-        _record.memory.close()
+        _record.close()
         _record = None
 
 

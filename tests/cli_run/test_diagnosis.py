@@ -113,7 +113,7 @@ def test_watchdog_timeout_alone_names_the_ranks_that_never_arrived() -> None:
     d = diagnose(facts(tracebacks=[timeout(0, [1]), timeout(2, [1])]))
     assert (d.category, d.culprit_ranks) == (Category.COMMUNICATION, [1])
     assert [g.ranks for g in d.errors] == [[0, 2]]
-    assert "timed out waiting for rank 1" in d.hint
+    assert "timed out waiting for rank(s) 1" in d.hint
 
 
 def test_timeouts_after_a_real_error_are_consequences() -> None:

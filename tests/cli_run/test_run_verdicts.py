@@ -140,7 +140,7 @@ def test_rank_that_never_arrives_is_the_culprit_of_a_communication_failure(
     n: int, scenario: str, verdict: Callable[..., Verdict]
 ) -> None:
     v = verdict("-n", str(n), *FAST, str(SCRIPT), scenario, grace=1)
-    assert_verdict(v, "communication", [1], "timed out waiting for rank 1")
+    assert_verdict(v, "communication", [1], "timed out waiting for rank(s) 1")
     waiting = sorted(r for e in v.summary["errors"] for r in e["ranks"])
     assert waiting == others(n, 1), v.describe()
     assert {r for e in v.summary["errors"] for r in e["missing_ranks"]} == {1}
