@@ -231,8 +231,8 @@ def _interrupted(facts: JobFacts, status: int) -> Diagnosis | None:
 
 def _launch(facts: JobFacts, status: int) -> Diagnosis | None:
     problem = find_launch_problem(facts.launcher_text)
-    if problem is None:
-        return None
+    if problem is None or facts.ranks_heard >= set(range(facts.nprocs)):
+        return None  # every rank ran: PRTE says "a daemon failed" of a host lost mid-job too
     return Diagnosis(
         Category.LAUNCH, status, facts.nprocs, [], problem.what, f"{problem.what}: {problem.hint}"
     )

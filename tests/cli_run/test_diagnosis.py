@@ -154,6 +154,16 @@ def test_launch_failure_before_any_rank_started() -> None:
     assert silent.category is Category.LAUNCH
 
 
+def test_a_daemon_lost_after_every_rank_ran_is_no_launch_failure() -> None:
+    text = "A daemon failed to report back after being spawned."
+    d = diagnose(facts(n=4, launcher_text=text, tracebacks=[timeout(0, [2, 3])]))
+    d4 = diagnose(
+        JobFacts(4, 1, [timeout(0, [2, 3])], launcher_text=text, ranks_heard=frozenset(range(4)))
+    )
+    assert d.category is Category.LAUNCH  # rank 3 never printed: it may never have started
+    assert (d4.category, d4.culprit_ranks) == (Category.COMMUNICATION, [2, 3])
+
+
 def test_interrupted_exits_128_plus_the_signal() -> None:
     d = diagnose(facts(status=143, interrupted_by=signal.SIGTERM, tracebacks=[tb(0, PLAIN)]))
     assert (d.category, d.exit_status, d.culprit_ranks) == (Category.INTERRUPTED, 143, [])
@@ -166,6 +176,7 @@ def test_precedence_launch_killed_error_exit_communication() -> None:
     everything = facts(
         launcher_text=f"{launch}\n{OMPI5_SIGNAL}", tracebacks=[error, timed], exit_reports=[exited]
     )
+    everything.ranks_heard = frozenset({0, 2})  # rank 1 never started
     order = [Category.LAUNCH, Category.KILLED, Category.RANK_DEPENDENT, Category.RANK_EXITED]
     cases = [
         everything,
