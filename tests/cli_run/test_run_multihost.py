@@ -7,7 +7,9 @@ The bed's launch agent and network flags go through ``--mpi-arg``, exactly as a 
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,3 +63,24 @@ def test_failure_on_the_second_host_names_rank_and_host(bed: TestBed) -> None:
     assert f"error on rank 2 (of 3) on host {second}" in err, err
     assert "RuntimeError: no GPU 0 on this node" in err
     assert err.count("Traceback (most recent call last)") == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_a_signal_stops_the_ranks_on_every_host(bed: TestBed, sig: signal.Signals) -> None:
+    command = [
+        str(MNIFY), "run", "-n", "3",
+        "--hostfile", str(bed.hostfile([2, 1])),
+        "--mpi-arg", shlex.join(bed.mpiexec_args()),
+        str(SCRIPT), "wait",
+    ]  # fmt: skip
+    job = bed.start([2, 1], [], command=command)
+    for r in range(3):
+        job.wait_for(f"ready {r}", timeout=60)
+    deadline = time.monotonic() + 10  # for mnify run and every process on every host
+    job.proc.send_signal(sig)  # the agent execs mnify run: this is mnify run's pid
+    run = job.wait(timeout=10)
+    assert not run.timed_out, run.describe()
+    assert run.returncode == 128 + sig, run.describe()
+    while any(bed.pids(h.name) for h in bed.hosts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert {h.name: bed.pids(h.name) for h in bed.hosts} == {h.name: [] for h in bed.hosts}
