@@ -80,10 +80,6 @@ class EarlyExitWatch:
             seconds=now - waiting[stuck[0]],
         )
 
-    def exit_statuses(self) -> dict[int, int]:
-        """Ranks whose script has ended, with its status (as last read)."""
-        return {r: rec.status for r, rec in self.records.items() if rec.phase is Phase.EXITING}
-
     def started(self) -> set[int]:
         """Ranks that published a record: their script started."""
         return set(self.records)

@@ -74,7 +74,7 @@ def test_a_wait_overlapping_an_exit_for_the_timeout_strands_the_waiter(tmp_path:
         "allreduce",
         5,
     )
-    assert watch.exit_statuses() == {1: 0} and watch.started() == {0, 1, 2}
+    assert watch.started() == {0, 1, 2}
 
 
 def test_waits_that_complete_and_local_work_are_never_stranded(tmp_path: Path) -> None:
