@@ -16,11 +16,13 @@ synchronise through sequence counters in the segment (one cache line each; a ran
 spinning briefly, then yielding the CPU, then sleeping in short steps, so ranks that outnumber
 the cores do not starve the rank they wait for) instead of an MPI barrier per bucket. Buckets
 alternate between two sets of slots and are pipelined: right after reducing its share of
-bucket k a rank publishes bucket k + 1, and only then waits for the others to finish bucket k.
-The counters make that safe: a rank publishes bucket k + 1 into the slots of bucket k - 1 only
-after every rank has reduced bucket k - 1, and writes its share of bucket k into the result
-slot of bucket k - 2 only after every rank has published bucket k, which each does after
-copying out bucket k - 2.
+bucket k a rank publishes bucket k + 1, and only then waits -- once per bucket: every rank
+raises ``reduced`` for bucket k before ``published`` for bucket k + 1, so seeing every rank's
+``published`` reach bucket k + 1 means bucket k's result is complete and bucket k + 1 can be
+reduced. That is also what makes reusing the slots safe: a rank publishes bucket k + 1 into
+the slots of bucket k - 1 after every rank has published bucket k (so has reduced bucket
+k - 1), and writes its share of bucket k into the result slot of bucket k - 2 after every rank
+has published bucket k, which each does after copying out bucket k - 2.
 
 The counters rely on stores becoming visible to other cores in program order (x86-64's TSO:
 the data before the counter that announces it). Elsewhere each wait is an MPI barrier instead,
@@ -61,11 +63,12 @@ def enabled_by_env() -> bool:
 SEGMENT_BUDGET = 32 << 20
 # Slots small enough that a bucket stays in cache between publishing, reducing and copying out.
 # Measured with bench/allreduce.py (see there), 2 ranks on 2 cores:
-SLOT_CAP = 256 << 10
+SLOT_CAP = 1 << 20
 
 # Stores become visible to other cores in program order (TSO): counters can announce data.
 ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
+_PUBLISHED, _REDUCED = 0, 1  # the two counters of each rank
 _LINE = 64  # bytes per counter (one cache line each, so ranks never write a shared line)
 _PAGE = 4096
 # Waiting: this many counter reads back to back, then sched_yield() until _YIELD_FOR seconds
@@ -211,14 +214,18 @@ class SharedMemoryReducer:
         k = self._buckets
         started = time.monotonic()
         self._publish(current, k, scale)
+        self._wait(_PUBLISHED, k + 1, barrier, deadline, started)
         while current is not None:
-            self._wait(0, k + 1, barrier, deadline, started)  # everyone published bucket k
             self._reduce_share(current, k)
-            self._raise(1, k + 1)
+            self._raise(_REDUCED, k + 1)
             following = next(queue, None)
             if following is not None:
-                self._publish(following, k + 1, scale)  # overlaps the others' reductions
-            self._wait(1, k + 1, barrier, deadline, started)  # everyone reduced bucket k
+                # overlaps the others' reductions; a rank publishes bucket k + 1 only after
+                # reducing bucket k, so one wait covers both
+                self._publish(following, k + 1, scale)
+                self._wait(_PUBLISHED, k + 2, barrier, deadline, started)
+            else:
+                self._wait(_REDUCED, k + 1, barrier, deadline, started)
             self._copy_out(current, k)
             current = following
             k += 1
@@ -246,7 +253,7 @@ class SharedMemoryReducer:
                 np.multiply(views[0], work.type(scale), out=mine, dtype=work, casting="unsafe")
         else:
             kernels.pack(views, mine, scale)
-        self._raise(0, k + 1)
+        self._raise(_PUBLISHED, k + 1)
 
     def _reduce_share(self, bucket: tuple[list[np.ndarray], np.ndarray], k: int) -> None:
         """This rank's share of bucket ``k``: the input slots summed in rank order."""
