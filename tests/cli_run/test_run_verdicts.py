@@ -190,17 +190,20 @@ def test_rank_killed_by_a_signal(n: int, verdict: Callable[..., Verdict]) -> Non
     assert_verdict(v, "killed", [1], "ran out of memory")
 
 
-def test_unresolvable_host_is_a_launch_failure(verdict: Callable[..., Verdict]) -> None:
-    v = verdict("-n", "2", "--host", "nosuchhost.invalid:2", str(SCRIPT), "ok")
+@pytest.mark.parametrize("n", [2, 3])
+def test_unresolvable_host_is_a_launch_failure(n: int, verdict: Callable[..., Verdict]) -> None:
+    v = verdict("-n", str(n), "--host", f"nosuchhost.invalid:{n}", str(SCRIPT), "ok")
     assert_verdict(v, "launch", [], "must resolve")
+    assert "nosuchhost.invalid" in v.summary["headline"]
 
 
+@pytest.mark.parametrize("n", [2, 3])
 def test_garbage_hostfile_is_a_launch_failure(
-    tmp_path: Path, verdict: Callable[..., Verdict]
+    n: int, tmp_path: Path, verdict: Callable[..., Verdict]
 ) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("%%%garbage!! here\n", encoding="utf-8")
-    v = verdict("-n", "2", "--hostfile", str(hostfile), str(SCRIPT), "ok")
+    v = verdict("-n", str(n), "--hostfile", str(hostfile), str(SCRIPT), "ok")
     assert_verdict(v, "launch", [], "hostfile")
 
 
