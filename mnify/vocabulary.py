@@ -100,6 +100,35 @@ DEVICE_SETTERS = frozenset(
 )
 # Functions that copy to "the current device" unless given one (second argument or device=).
 TO_GPU_FUNCTIONS = frozenset({"chainer.backends.cuda.to_gpu", "chainer.cuda.to_gpu"})
+# argparse destinations of the flags scripts select their device with (``--gpu``, ``-g``,
+# ``--gpus``, ``--gpu-device``, ``--gpu_id``, ``--device``), most specific first. A flag whose
+# value the script passes as a device (``get_device_from_id(args.X)``, ``device=args.X``)
+# counts whatever its name.
+DEVICE_FLAG_DESTS = (
+    "gpu",
+    "gpus",
+    "gpu_device",
+    "gpu_devices",
+    "gpu_id",
+    "gpu_ids",
+    "gpuid",
+    "g",
+    "device",
+    "devices",
+    "device_id",
+)
+# Device specifier of CuPy GPU N in Chainer 7 (``chainer.get_device('@cupy:0')``), for ``%``.
+CUPY_DEVICE_SPEC = "@cupy:%d"
+# The communicator a GPU run gets; a CPU run's depends on the target: ChainerMN's ``flat``
+# packs gradients in GPU memory, so CPU runs of ChainerMN need ``naive``; mnify's ``flat``
+# packs in host memory and is measured faster than its ``naive`` (bench/allreduce.py).
+GPU_COMMUNICATOR = "pure_nccl"
+CPU_COMMUNICATORS = {"mnify": "flat", "chainermn": "naive"}
+
+
+def cpu_communicator(target: str) -> str:
+    """The communicator a CPU run gets under ``--target`` (DESIGN §1)."""
+    return CPU_COMMUNICATORS.get(target, CPU_COMMUNICATORS["mnify"])
 # cupy attributes that do not allocate on the current device.
 _CUPY_NON_ALLOCATING = frozenset(
     {
@@ -368,6 +397,46 @@ def is_extension(qname: str, *names: str) -> bool:
     return under(qname, "chainer.training.extensions") and (not names or last(qname) in names)
 
 
+# ------------------------------------------------------------------------- batch and lr
+# Extensions that change an optimizer hyperparameter over time (the learning rate, usually).
+LR_SHIFT_EXTENSIONS = frozenset(
+    {
+        "ExponentialShift",
+        "LinearShift",
+        "PolynomialShift",
+        "StepShift",
+        "MultistepShift",
+        "WarmupShift",
+        "InverseShift",
+    }
+)
+# Shifts that count their own calls (one per iteration by default) whatever the trigger unit.
+ITERATION_COUNTING_SHIFTS = LR_SHIFT_EXTENSIONS - {"ExponentialShift", "InverseShift"}
+# Optimizers whose learning rate is the hyperparameter ``alpha`` (the Adam family; RMSprop's
+# ``alpha`` is a decay rate, its learning rate is ``lr``) and those that have none.
+ALPHA_OPTIMIZERS = frozenset({"Adam", "AdamW", "AMSGrad", "AdaBound", "AMSBound"})
+NO_LR_OPTIMIZERS = frozenset({"AdaDelta"})
+EXTENSIONS_MODULE = "chainer.training.extensions"
+BUILTIN_PRINT = "builtins.print"
+
+
+def is_lr_shift(qname: str) -> bool:
+    return is_extension(qname, *LR_SHIFT_EXTENSIONS)
+
+
+def lr_hyperparameter(qname: str) -> str | None:
+    """The hyperparameter an optimizer's constructor takes as its learning rate (None: none)."""
+    name = last(qname)
+    if name in NO_LR_OPTIMIZERS:
+        return None
+    return "alpha" if name in ALPHA_OPTIMIZERS else "lr"
+
+
+def is_functions_sum(qname: str) -> bool:
+    """``chainer.functions.sum`` (``F.sum``), any submodule spelling."""
+    return under(qname, "chainer.functions") and last(qname) == "sum"
+
+
 # Library models that contain BatchNormalization (wrapped with create_mnbn_model where built).
 BN_LIBRARY_MODELS = frozenset({"ResNet50Layers", "ResNet101Layers", "ResNet152Layers", "GoogLeNet"})
 
@@ -399,6 +468,59 @@ CHAINERMN_ITERATORS_MODULE = "chainermn.iterators"
 def is_chainer_name(qname: str) -> bool:
     """Defined by Chainer itself (not by the user or another library)."""
     return under(qname, "chainer")
+
+
+# ------------------------------------------------------------------------- files written
+# Calls that write a file (or make a directory) wherever they run: on every rank unless guarded.
+FILE_WRITERS = frozenset(
+    {
+        "numpy.save",
+        "numpy.savez",
+        "numpy.savez_compressed",
+        "numpy.savetxt",
+        "pickle.dump",
+        "json.dump",
+        "yaml.dump",
+        "yaml.safe_dump",
+        "matplotlib.pyplot.savefig",
+        "shutil.copy",
+        "shutil.copy2",
+        "shutil.copyfile",
+        "shutil.copytree",
+        "os.makedirs",
+        "os.mkdir",
+        "cv2.imwrite",
+        "imageio.imwrite",
+        "imageio.imsave",
+        "scipy.misc.imsave",
+        "chainer.training.extensions.dump_graph",
+    }
+)
+# Methods that write whatever object they are called on (a figure, a data frame, an image).
+WRITER_METHODS = frozenset({"savefig", "to_csv"})
+# Constructors whose objects' ``save(path)`` writes an image file.
+IMAGE_FACTORIES = frozenset({"PIL.Image.fromarray", "PIL.Image.new", "PIL.Image.open"})
+# open() modes that write.
+WRITE_MODES = ("w", "a", "x", "+")
+# Decorators and base classes that make a user function or class a Trainer extension.
+EXTENSION_DECORATORS = frozenset(
+    {"chainer.training.make_extension", "chainer.training.extension.make_extension"}
+)
+
+
+def is_file_writer(qname: str) -> bool:
+    return qname in FILE_WRITERS or is_serializer_save(qname)
+
+
+def is_extension_base(qname: str) -> bool:
+    """``training.Extension`` or a reporting extension a user class may derive from."""
+    return (under(qname, "chainer.training") and last(qname) == "Extension") or (
+        is_reporting_extension(qname)
+    )
+
+
+def is_image_factory(qname: str) -> bool:
+    return qname in IMAGE_FACTORIES
 
 
 # ------------------------------------------------------------------------- multi-node runtime

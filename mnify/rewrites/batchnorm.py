@@ -63,12 +63,14 @@ def plan(ctx: FileContext) -> None:
             continue
         comm = ctx.comm_at(call.func, "BatchNormalization")
         if comm is None:
+            if ctx.lift(call.func, "mnbn", "BatchNormalization", call.node):
+                continue  # the built model is converted where it is built (call_sites)
             ctx.note(
                 call.node,
                 "batchnorm",
                 "needs-person",
-                "BatchNormalization built where the communicator cannot be passed (not in "
-                f"__init__ or the entry point): use {mnbn}(size, comm) by hand",
+                "BatchNormalization built where the communicator is not in scope: convert the "
+                f"model with {ctx.spell.links('create_mnbn_model')}(model, comm) where it is built",
             )
             continue
         ctx.use_runtime()

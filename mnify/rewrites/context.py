@@ -11,17 +11,33 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from mnify.lint.noqa import Suppressions, parse_suppressions
-from mnify.rewrites.edits import EditPlan, expression
-from mnify.rewrites.facts import CallFact, Facts
+from mnify.rewrites.edits import EditPlan
+from mnify.rewrites.facts import Facts
 from mnify.rewrites.lines import line_table
 from mnify.rewrites.options import ConvertOptions, Spelling
 from mnify.rewrites.registry import step_code, step_codes
 from mnify.rewrites.report import ReportEntry, Severity
+
+LiftKind = Literal["optimizer", "mnbn", "rank0", "channel-parallel"]
+
+
+@dataclass(eq=False)
+class Lift:
+    """Work a helper or model class cannot do without ``comm``, done where it is called:
+    wrap the call (``optimizer``: create_multi_node_optimizer; ``mnbn``: create_mnbn_model;
+    ``channel-parallel``: split its convolutions) or guard the calling statement (``rank0``)."""
+
+    name: str  # the module-level function or class
+    kind: LiftKind
+    label: str  # what inside it needs comm, for messages
+    node: cst.CSTNode  # where, for the report
+    module: str  # the module that defines it
 
 
 @dataclass(eq=False)
@@ -53,8 +69,8 @@ class FileContext:
     found: list[ReportEntry] = field(default_factory=list)  # lint's findings in the input
     entry: Entry | None = None
     comm_needed: bool = False
-    needs_comm_funcs: dict[str, cst.FunctionDef] = field(default_factory=dict)
-    needs_comm_classes: dict[str, cst.ClassDef] = field(default_factory=dict)
+    lifts: list[Lift] = field(default_factory=list)  # work for the callers of helpers/classes
+    writing_extensions: set[str] = field(default_factory=set)  # this file's, by name
     imports_needed: set[str] = field(default_factory=set)
     # functions of the project that reach a collective once converted ("helpers.load_data"):
     # a call of one is never put under a rank guard
@@ -67,7 +83,6 @@ class FileContext:
     _suppressions: Suppressions | None = None
     _lines: dict[int, int] | None = None
     _quote: str | None = None
-    _threaded_sites: set[int] = field(default_factory=set)
 
     @property
     def spell(self) -> Spelling:
@@ -187,169 +202,33 @@ class FileContext:
         )
 
     def comm_at(self, func: cst.FunctionDef | None, why: str) -> str | None:
-        """The expression naming the communicator at code inside ``func`` (None: module level).
-
-        Returns None when the communicator cannot reach that spot; threading a ``comm``
-        parameter into a module-level function or a top-level class's ``__init__`` is arranged
-        here. ``why`` names the construct, for the report.
-        """
-        entry = self.entry
-        if entry is not None and (
-            entry.func is None or (func is not None and self._inside(func, entry.func))
-        ):
+        """The expression naming the communicator at code inside ``func`` (None: module level),
+        or None where the communicator is not in scope. No rewrite ever adds a ``comm``
+        parameter to reach further (DESIGN §0): what needs ``comm`` outside the entry point is
+        lifted to the calls of the enclosing helper or class (:meth:`lift`). ``why`` names
+        the construct, for messages."""
+        if self.visible(func):
             self.comm_needed = True
-            return entry.comm
-        if func is None:
-            return None
-        outer = self._outermost(func)
-        if isinstance(outer, cst.ClassDef):
-            method = func
-            while self.facts.func_parent.get(id(method)) is not outer:
-                parent = self.facts.func_parent.get(id(method))
-                assert isinstance(parent, cst.FunctionDef)
-                method = parent
-            if method.name.value != "__init__" or outer.name.value not in self.facts.classes:
-                return None
-            self._add_comm_param(method)
-            self.needs_comm_classes[outer.name.value] = outer
-            return "comm"
-        self._add_comm_param(outer)
-        self.needs_comm_funcs[outer.name.value] = outer
-        return "comm"
-
-    def _add_comm_param(self, func: cst.FunctionDef) -> None:
-        params = func.params
-        existing = [p.name.value for p in (*params.params, *params.kwonly_params)]
-        if "comm" in existing or id(func) in self._threaded_sites:
-            return
-        self._threaded_sites.add(id(func))
-        owner = self.facts.func_class.get(id(func))
-        label = f"{owner.name.value}.__init__" if owner is not None else func.name.value
-        self.note(func, "threading", "changed", f"{label} takes a keyword-only comm parameter")
-
-        def add(node: cst.CSTNode) -> cst.CSTNode:
-            assert isinstance(node, cst.FunctionDef)
-            p = node.params
-            star = p.star_arg
-            if isinstance(star, cst.MaybeSentinel):
-                star = cst.ParamStar()
-            return node.with_changes(
-                params=p.with_changes(
-                    star_arg=star, kwonly_params=[*p.kwonly_params, cst.Param(cst.Name("comm"))]
-                )
-            )
-
-        self.plan.replace_node(func, add, func)
-
-    def thread_calls(self, callees: dict[str, str]) -> bool:
-        """Pass ``comm=`` at every call of a function/class that now takes ``comm``.
-
-        ``callees`` maps a qualified name as seen from this file to a readable label. Returns
-        whether this added new callees of its own (the project repeats until stable).
-        """
-        before = len(self.needs_comm_funcs) + len(self.needs_comm_classes)
-        for call in self.facts.calls:
-            label = self._callee_label(call, callees)
-            if label is None or id(call.node) in self._threaded_sites:
-                continue
-            if any(
-                a.keyword is not None and a.keyword.value == "comm" for a in call.node.args
-            ) or any(
-                isinstance(a.value, cst.Name) and a.value.value == "comm" for a in call.node.args
-            ):
-                continue
-            if call.method == "__init__" or (call.qname.endswith("super")):
-                continue
-            self._threaded_sites.add(id(call.node))
-            if self.suppressed(call.node, "threading"):
-                continue
-            comm = self.comm_at(call.func, label)
-            if comm is None:
-                self.note(
-                    call.node,
-                    "threading",
-                    "needs-person",
-                    f"{label} now takes comm=..., but this call cannot see the communicator: "
-                    "pass it by hand",
-                )
-                continue
-            self.plan.replace_node(call.node, _add_keyword("comm", comm), call.stmt)
-            self.note(call.node, "threading", "changed", f"pass comm to {label}")
-        return len(self.needs_comm_funcs) + len(self.needs_comm_classes) > before
-
-    def thread_subclasses(self, callees: dict[str, str]) -> bool:
-        """Subclasses of a model class that now takes ``comm`` take it too and pass it on.
-
-        ``Sub.__init__`` gains the keyword-only parameter and its ``super().__init__(...)``
-        (or ``Base.__init__(self, ...)``) passes ``comm=comm``; a subclass without its own
-        ``__init__`` simply inherits the new signature. Returns whether anything was added.
-        """
-        grew = False
-        for name, bases in self.facts.class_bases.items():
-            if name in self.needs_comm_classes:
-                continue
-            base = next((b for b in bases if self._matches(b, callees)), None)
-            if base is None:
-                continue
-            cls = self.facts.classes[name]
-            self.needs_comm_classes[name] = cls
-            grew = True
-            init = next(
-                (
-                    s
-                    for s in cls.body.body
-                    if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
-                ),
-                None,
-            )
-            if init is None:
-                continue
-            self._add_comm_param(init)
-            for call in self.facts.calls:
-                if call.func is init and call.method == "__init__":
-                    self._threaded_sites.add(id(call.node))
-                    self.plan.replace_node(call.node, _add_keyword("comm", "comm"), call.stmt)
-                    self.note(call.node, "threading", "changed", f"{name} passes comm to {base}")
-        return grew
-
-    def _matches(self, qname: str, callees: dict[str, str]) -> bool:
-        q = qname.lstrip(".")
-        return q in callees or any(q.endswith("." + n) for n in callees)
-
-    def _callee_label(self, call: CallFact, callees: dict[str, str]) -> str | None:
-        if not call.qname:
-            return None
-        q = call.qname.lstrip(".")
-        if q in callees:
-            return callees[q]
-        for name, label in callees.items():
-            if q.endswith("." + name):
-                return label
+            assert self.entry is not None
+            return self.entry.comm
         return None
 
+    def outermost_scope(
+        self, func: cst.FunctionDef | None
+    ) -> cst.FunctionDef | cst.ClassDef | None:
+        """The module-level function or class that holds ``func`` (None at module level)."""
+        return self._outermost(func) if func is not None else None
 
-def _add_keyword(name: str, value: str) -> Callable[[cst.CSTNode], cst.CSTNode]:
-    """A replace-fn appending ``name=value`` to a call's arguments."""
-
-    def add(node: cst.CSTNode) -> cst.CSTNode:
-        assert isinstance(node, cst.Call)
-        args = list(node.args)
-        if args:
-            last = args[-1]
-            if isinstance(last.comma, cst.MaybeSentinel):
-                args[-1] = last.with_changes(
-                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-                )
-        args.append(
-            cst.Arg(
-                value=expression(value),
-                keyword=cst.Name(name),
-                equal=cst.AssignEqual(
-                    whitespace_before=cst.SimpleWhitespace(""),
-                    whitespace_after=cst.SimpleWhitespace(""),
-                ),
-            )
-        )
-        return node.with_changes(args=args)
-
-    return add
+    def lift(
+        self, func: cst.FunctionDef | None, kind: LiftKind, label: str, node: cst.CSTNode
+    ) -> bool:
+        """Ask for ``kind`` to be done where the module-level helper or class enclosing
+        ``func`` is called from the entry point (see ``call_sites``). Returns False when there
+        is no such helper (code at module level, or nested where nothing can be lifted)."""
+        scope = self.outermost_scope(func)
+        if scope is None:
+            return False
+        if isinstance(scope, cst.ClassDef) and kind == "rank0":
+            return False  # a method's writes cannot be moved to the class's construction
+        self.lifts.append(Lift(scope.name.value, kind, label, node, self.module_name))
+        return True

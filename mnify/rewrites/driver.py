@@ -1,8 +1,10 @@
-"""Converting files: parse, resolve names once, plan every rewrite, apply, re-parse, diff.
+"""Converting files: parse, resolve names once, plan every rewrite, apply, check, diff.
 
-Several files convert together as one project, so a model class in ``net.py`` that gains a
-``comm`` parameter is constructed with ``comm=comm`` in ``train.py``. Output is re-parsed
-before anyone may write it; a file that does not parse gets an error and is left untouched.
+Several files convert together as one project: a model class in ``net.py`` that holds
+BatchNormalization is converted where ``train.py`` builds it (``call_sites``), and the
+deadlock check follows calls from file to file. Every output is checked against its input and
+plan (``verify``) and must parse before anyone may write it; a file that fails gets an error
+and is left untouched.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from mnify.lint import (
     project_collectives,
 )
 from mnify.lint.noqa import parse_suppressions
-from mnify.rewrites import communicator, distributed, imports
+from mnify.rewrites import call_sites, communicator, distributed, imports
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import ApplyEdits
 from mnify.rewrites.facts import FactCollector
@@ -144,42 +146,6 @@ def _lint_input(ctx: FileContext) -> None:
     ctx.found.extend(
         ReportEntry(ctx.path, d.line, "lint", "info", d.message, d.code) for d in found
     )
-
-
-def _report_unconverted_callers(contexts: Mapping[str, FileContext], paths: list[str]) -> None:
-    """Sibling scripts left out of the conversion that use a class/function now taking comm."""
-    converted = {str(Path(p).resolve()) for p in paths}
-    for ctx in contexts.values():
-        changed = [*ctx.needs_comm_classes, *ctx.needs_comm_funcs]
-        if not changed or ctx.path.startswith("<"):
-            continue
-        folder = Path(ctx.path).parent
-        try:
-            siblings = sorted(folder.glob("*.py"))
-        except OSError:
-            continue
-        imports_me = re.compile(
-            rf"^\s*(from\s+\.?{re.escape(ctx.module_name)}\s+import|import\s+{re.escape(ctx.module_name)}\b)",
-            re.M,
-        )
-        for sibling in siblings:
-            if str(sibling.resolve()) in converted:
-                continue
-            try:
-                text = sibling.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            if not imports_me.search(text):
-                continue
-            for name in changed:
-                if re.search(rf"\b{re.escape(name)}\s*\(", text):
-                    ctx.note(
-                        ctx.needs_comm_classes.get(name) or ctx.needs_comm_funcs.get(name),
-                        "threading",
-                        "needs-person",
-                        f"{sibling.name} (not converted) calls {name}, which now takes comm=...: "
-                        "convert it too or pass comm there",
-                    )
 
 
 def convert_sources(
@@ -337,20 +303,7 @@ def _convert_project(
         except Exception as exc:  # a rewrite bug costs this file, not the whole run
             results[path].error = f"internal: 1: error while planning: {exc!r}"
             del contexts[path]
-    for _ in range(5):
-        callees: dict[str, str] = {}
-        for ctx in contexts.values():
-            for name in (*ctx.needs_comm_funcs, *ctx.needs_comm_classes):
-                callees[f"{ctx.module_name}.{name}"] = name
-        grew = False
-        for ctx in contexts.values():
-            own = {n: n for n in (*ctx.needs_comm_funcs, *ctx.needs_comm_classes)}
-            grew = ctx.thread_subclasses({**callees, **own}) or grew
-            own = {n: n for n in (*ctx.needs_comm_funcs, *ctx.needs_comm_classes)}
-            grew = ctx.thread_calls({**callees, **own}) or grew
-        if not grew:
-            break
-    _report_unconverted_callers(contexts, list(sources))
+    call_sites.plan_project(contexts)
     for path in sources:
         if path not in contexts and progress is not None:
             progress(path)

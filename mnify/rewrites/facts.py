@@ -64,6 +64,7 @@ class Facts:
     module_functions: dict[str, cst.FunctionDef] = field(default_factory=dict)
     classes: dict[str, cst.ClassDef] = field(default_factory=dict)
     class_bases: dict[str, list[str]] = field(default_factory=dict)
+    decorators: dict[int, list[str]] = field(default_factory=dict)  # function -> qualified names
     func_parent: dict[int, Scope] = field(default_factory=dict)
     func_class: dict[int, cst.ClassDef | None] = field(default_factory=dict)
     block_of: dict[int, Block] = field(default_factory=dict)
@@ -238,6 +239,14 @@ class FactCollector(cst.CSTVisitor):
         self.facts.func_class[id(node)] = parent if isinstance(parent, cst.ClassDef) else None
         if parent is None:
             self.facts.module_functions[node.name.value] = node
+        decorators = []
+        for decorator in node.decorators:
+            expr = decorator.decorator
+            if isinstance(expr, cst.Call):
+                expr = expr.func
+            decorators.append(_pick(self.get_metadata(QualifiedNameProvider, expr, set())))
+        if decorators:
+            self.facts.decorators[id(node)] = decorators
         self._scopes.append(node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:

@@ -1,12 +1,16 @@
-"""DESIGN.md section 1, step "rank-0 guards": only rank 0 writes logs, snapshots and prints.
+"""DESIGN.md section 1, step "rank-0 guards": only rank 0 writes files and prints.
 
-``trainer.extend(extensions.LogReport())`` and the other writing/reporting extensions
-(PrintReport, ProgressBar, PlotReport, snapshot, snapshot_object, dump_graph/DumpGraph,
-VariableStatisticsPlot), informational ``print``s and ``serializers.save_*`` calls go under
-``if comm.rank == 0:``; neighbours share one ``if``. An ``if`` whose whole body is such
-statements (``if extensions.PlotReport.available(): ...``) is guarded as a whole. Extensions
-that change training state (ExponentialShift, LinearShift, observe_lr, evaluators) stay on all
-ranks. Prints in helper functions that cannot see the communicator are left alone.
+Under ``if comm.rank == 0:`` go (neighbours share one ``if``): the writing and reporting
+extensions (LogReport, PrintReport and their subclasses, ProgressBar, PlotReport, snapshots,
+dump_graph, VariableStatisticsPlot, and user extensions, ``@training.make_extension``
+functions or ``Extension`` subclasses, whose bodies write), informational ``print``s, and every
+file write wherever it stands, before or after training: ``serializers.save_*``, ``np.save``,
+``pickle.dump``, ``json.dump``, ``plt.savefig``, image dumps, ``open(path, 'w')`` (also as a
+``with`` block), ``os.makedirs`` of the result directory and config copies. An ``if`` whose whole
+body is such statements is guarded as a whole. A helper function that only writes has its calls
+guarded where the entry point makes them (``call_sites``). Whatever reaches a collective stays on
+every rank; so do extensions that change training state (ExponentialShift, evaluators) and
+loads (``load_npz(args.resume, trainer)``). Prints that name the rank are meant for every rank.
 """
 
 from __future__ import annotations
@@ -14,25 +18,63 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as vocab
-from mnify.rewrites.context import FileContext
+from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import Guard
-from mnify.rewrites.facts import CallFact, mentions_rank
+from mnify.rewrites.facts import CallFact, assigned_in, mentions_rank, names_in
 from mnify.rewrites.registry import rewrite
 
 RANK0 = Guard("rank0")
+# writers whose file holds model parameters: incomplete under model parallel on rank 0 alone
+_MODEL_SAVERS = frozenset({"snapshot", "snapshot_object", "save_npz", "save_hdf5"})
+_EXTENSION = "extension"  # what a user extension that writes is called in messages
 
 
 def _code_of(what: str) -> str:
-    """The lint rule a writer falls under: prints MN902, saves MN402, extensions MN401."""
+    """The lint rule a writer falls under: prints MN902, extensions MN401, file writes MN402."""
     if what == "print":
         return "MN902"
-    if what.startswith("save_"):
-        return "MN402"
-    return "MN401"
+    if what in vocab.REPORTING_EXTENSION_NAMES or what == _EXTENSION:
+        return "MN401"
+    return "MN402"
 
 
-# writers whose file holds model parameters: incomplete under model parallel on rank 0 alone
-_MODEL_SAVERS = frozenset({"snapshot", "snapshot_object", "save_npz", "save_hdf5"})
+def _writes_mode(call: cst.Call) -> bool:
+    """``open(path, 'w')`` and the other modes that write."""
+    mode: cst.BaseExpression | None = None
+    positional = [a for a in call.args if a.keyword is None]
+    if len(positional) > 1:
+        mode = positional[1].value
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "mode":
+            mode = arg.value
+    if not isinstance(mode, cst.SimpleString):
+        return False
+    text = str(mode.evaluated_value)
+    return any(flag in text for flag in vocab.WRITE_MODES)
+
+
+def _is_open_for_writing(ctx: FileContext, node: cst.BaseExpression | None) -> bool:
+    fact = ctx.facts.call_of(node)
+    return (
+        fact is not None
+        and fact.qname in ("open", "builtins.open", "io.open")
+        and _writes_mode(fact.node)
+    )
+
+
+def _user_extension(ctx: FileContext, expr: cst.BaseExpression) -> bool:
+    """An extension defined in this file that writes: a ``make_extension`` function, a factory
+    returning one, or an ``Extension``/reporting subclass (its own writes, or its base's)."""
+    name: str | None = None
+    if isinstance(expr, cst.Name):
+        name = expr.value
+    else:
+        fact = ctx.facts.call_of(expr)
+        if fact is not None and fact.qname and "." not in fact.qname.lstrip("."):
+            name = fact.qname.lstrip(".")
+    if name is None:
+        return False
+    return name in ctx.writing_extensions
 
 
 def _writer_name(ctx: FileContext, call: CallFact) -> str | None:
@@ -40,13 +82,28 @@ def _writer_name(ctx: FileContext, call: CallFact) -> str | None:
     if call.qname in ("print", "builtins.print"):
         # a print that names the rank is meant for every rank ("rank 3 ready")
         return None if mentions_rank(call.node) else "print"
-    if vocab.is_serializer_save(call.qname):
+    if vocab.is_file_writer(call.qname):
         return vocab.last(call.qname)
+    if call.method in vocab.WRITER_METHODS:
+        return call.method
+    func = call.node.func
+    if isinstance(func, cst.Attribute):
+        receiver = func.value
+        if call.method == "save":
+            made = ctx.facts.call_of(receiver)
+            if made is not None and vocab.is_image_factory(made.qname):
+                return "image"
+        if call.method in ("write", "writelines") and _is_open_for_writing(ctx, receiver):
+            return "open"
+    if _is_open_for_writing(ctx, call.node) and isinstance(call.stmt, cst.With):
+        return "open"
     if call.method == "extend" and call.node.args:
         ext = call.node.args[0].value
         fact = ctx.facts.call_of(ext)
         if fact is not None and vocab.is_extension(fact.qname, *vocab.REPORTING_EXTENSION_NAMES):
             return vocab.last(fact.qname)
+        if _user_extension(ctx, ext):
+            return _EXTENSION
         if isinstance(ext, cst.Name):
             for a in ctx.facts.assigns_of(ext.value):
                 made = ctx.facts.call_of(a.value)
@@ -54,6 +111,8 @@ def _writer_name(ctx: FileContext, call: CallFact) -> str | None:
                     made.qname, *vocab.REPORTING_EXTENSION_NAMES
                 ):
                     return vocab.last(made.qname)
+                if a.value is not None and _user_extension(ctx, a.value):
+                    return _EXTENSION
     return None
 
 
@@ -71,6 +130,17 @@ def _guardable(ctx: FileContext, stmt: cst.BaseStatement) -> list[str] | None:
                 return None
             found.append(what)
         return found
+    if isinstance(stmt, cst.With) and isinstance(stmt.body, cst.IndentedBlock):
+        # `with open(path, 'w') as f:` writing, binding nothing the code after it reads
+        if not all(_is_open_for_writing(ctx, item.item) for item in stmt.items):
+            return None
+        block = ctx.facts.block_of.get(id(stmt))
+        if block is not None:
+            siblings = list(block.body)
+            later = names_in(siblings[siblings.index(stmt) + 1 :])
+            if assigned_in(list(stmt.body.body)) & later:
+                return None
+        return ["open"]
     if isinstance(stmt, cst.If) and isinstance(stmt.body, cst.IndentedBlock):
         found = []
         bodies = [stmt.body]
@@ -88,8 +158,77 @@ def _guardable(ctx: FileContext, stmt: cst.BaseStatement) -> list[str] | None:
     return None
 
 
+def _calls_in(ctx: FileContext, scope: cst.FunctionDef | cst.ClassDef) -> list[CallFact]:
+    return [c for c in ctx.facts.calls if ctx.outermost_scope(c.func) is scope]
+
+
+def _writes(ctx: FileContext, scope: cst.FunctionDef | cst.ClassDef) -> bool:
+    return any(_writer_name(ctx, c) is not None for c in _calls_in(ctx, scope))
+
+
+_STATEFUL_METHODS = frozenset({"update", "setup", "extend", "run", "add_hook", "to_gpu"})
+
+
+def _writes_only(ctx: FileContext, func: cst.FunctionDef) -> bool:
+    """A module-level helper whose only effect is writing: it writes, changes no training state
+    (no optimizer step, no extension added, no collective), and returns nothing but, for an
+    extension factory, its nested extension function."""
+    nested = (
+        {s.name.value for s in func.body.body if isinstance(s, cst.FunctionDef)}
+        if isinstance(func.body, cst.IndentedBlock)
+        else set()
+    )
+    for stmt in func.body.body if isinstance(func.body, cst.IndentedBlock) else ():
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Global, cst.Nonlocal)):
+                    return False
+                if isinstance(small, cst.Return) and small.value is not None:
+                    if not (isinstance(small.value, cst.Name) and small.value.value in nested):
+                        return False
+    for call in _calls_in(ctx, func):
+        if _writer_name(ctx, call) is not None:
+            continue
+        if call.method in _STATEFUL_METHODS or call.method in vocab.COLLECTIVE_METHODS:
+            return False
+        if vocab.is_scatter(call.qname) or vocab.is_communicator_factory(call.qname):
+            return False
+    return True
+
+
+def _writing_extensions(ctx: FileContext) -> set[str]:
+    """Names of this file's extensions that write: ``make_extension`` functions and factories
+    of them, and ``Extension``/reporting-extension subclasses."""
+    found: set[str] = set()
+    for name, func in ctx.facts.module_functions.items():
+        decorated = [func] + [
+            s
+            for s in (func.body.body if isinstance(func.body, cst.IndentedBlock) else ())
+            if isinstance(s, cst.FunctionDef)
+        ]
+        if any(
+            any(q in vocab.EXTENSION_DECORATORS for q in ctx.facts.decorators.get(id(f), ()))
+            for f in decorated
+        ) and _writes(ctx, func):
+            found.add(name)
+    for name, bases in ctx.facts.class_bases.items():
+        if any(vocab.is_reporting_extension(b) for b in bases):
+            found.add(name)
+        elif any(vocab.is_extension_base(b) for b in bases) and _writes(
+            ctx, ctx.facts.classes[name]
+        ):
+            found.add(name)
+    return found
+
+
 @rewrite("rank0-guard", order=80, fixes=("MN401", "MN402", "MN902"), code="MN806")
 def plan(ctx: FileContext) -> None:
+    ctx.writing_extensions = _writing_extensions(ctx)
+    for name in sorted(ctx.writing_extensions):
+        node = ctx.facts.module_functions.get(name) or ctx.facts.classes.get(name)
+        if isinstance(node, cst.ClassDef):
+            ctx.lifts.append(Lift(name, "rank0", "a writing extension", node, ctx.module_name))
+    lifted: set[int] = set()
     seen: set[int] = set()
     for call in ctx.facts.calls:
         stmt = call.stmt
@@ -116,7 +255,15 @@ def plan(ctx: FileContext) -> None:
                 seen.add(id(owner))
                 continue
             break
-        if what == "print" and not ctx.visible(call.func):
+        if not ctx.visible(call.func):
+            scope = ctx.outermost_scope(call.func)
+            if (
+                isinstance(scope, cst.FunctionDef)
+                and id(scope) not in lifted
+                and _writes_only(ctx, scope)
+            ):
+                lifted.add(id(scope))
+                ctx.lift(call.func, "rank0", what, call.node)
             continue
         codes = {_code_of(w) for w in _guardable(ctx, target) or [what]}
         only = ctx.options.only_codes

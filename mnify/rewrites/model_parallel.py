@@ -93,11 +93,21 @@ def plan(ctx: FileContext) -> None:
             continue
         comm = ctx.comm_at(call.func, "ParallelConvolution2D")
         if comm is None:
+            if ctx.lift(call.func, "channel-parallel", "convolutions", call.node):
+                split += 1  # split where the model is built (call_sites), same condition
+                ctx.note(
+                    call.node,
+                    "model-parallel",
+                    "info",
+                    f"split where its model is built, when its output channels reach comm.size "
+                    f"({label})",
+                )
+                continue
             ctx.note(
                 call.node,
                 "model-parallel",
                 "needs-person",
-                f"not split: the communicator cannot reach this layer ({label})",
+                f"not split: the communicator is not in scope here ({label})",
             )
             continue
         ctx.use_runtime()

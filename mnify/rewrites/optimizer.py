@@ -38,12 +38,17 @@ def plan(ctx: FileContext) -> None:
             continue
         comm = ctx.comm_at(call.func, vocab.last(call.qname))
         if comm is None:
+            scope = ctx.outermost_scope(call.func)
+            if isinstance(scope, cst.FunctionDef) and ctx.lift(
+                call.func, "optimizer", f"a {vocab.last(call.qname)} optimizer", call.node
+            ):
+                continue  # wrapped where the helper is called (call_sites)
             ctx.note(
                 call.node,
                 "optimizer",
                 "needs-person",
-                f"{vocab.last(call.qname)} is built where the communicator cannot be passed "
-                f"(a method): wrap it with {wrap}(..., comm) by hand",
+                f"{vocab.last(call.qname)} is built where the communicator is not in scope "
+                f"(a method): wrap it with {wrap}(..., comm) where it is used",
             )
             continue
         ctx.use_runtime()

@@ -24,7 +24,7 @@ def convert(tmp_path: Path, source: Path = FIXTURE) -> Path:
     assert done.returncode == 0, done.stdout + done.stderr
     text = out.read_text(encoding="utf-8")
     # the conversion must actually split convolutions and feed every rank the same batches
-    assert "ParallelConvolution2D" in text and "create_multi_node_iterator" in text, text
+    assert "create_channel_parallel_model" in text and "create_multi_node_iterator" in text, text
     return out
 
 

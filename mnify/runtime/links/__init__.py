@@ -7,6 +7,7 @@ a submodule that shares its function's name (``scatter_dataset``) can never shad
 from __future__ import annotations
 
 from mnify.runtime.links.batch_normalization import MultiNodeBatchNormalization
+from mnify.runtime.links.create_channel_parallel_model import create_channel_parallel_model
 from mnify.runtime.links.create_mnbn_model import create_mnbn_model
 from mnify.runtime.links.multi_node_chain_list import MultiNodeChainList
 from mnify.runtime.links.parallel_convolution import ParallelConvolution2D
@@ -15,5 +16,6 @@ __all__ = [
     "MultiNodeBatchNormalization",
     "MultiNodeChainList",
     "ParallelConvolution2D",
+    "create_channel_parallel_model",
     "create_mnbn_model",
 ]

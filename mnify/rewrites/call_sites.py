@@ -1,0 +1,220 @@
+"""What a helper or a model class cannot do without ``comm`` happens where the entry point
+calls it (DESIGN §0: no rewrite changes a function or class signature).
+
+ChainerMN's own answer, applied across the files of a project: a model class holding
+BatchNormalization is converted where it is built, ``create_mnbn_model(Net(...), comm)``; an
+optimizer made by ``make_optimizer(model)`` is wrapped where that is called,
+``create_multi_node_optimizer(make_optimizer(model), comm)``; a helper that only writes files
+runs on rank 0, its call guarded. Rewrites record such requests as ``Lift``s while planning;
+this pass, run once over the whole project, finds the calls. A lift that reaches a class or
+helper called from another class or helper moves up to that one (a ``Net`` that builds a
+``Block`` with BatchNormalization is wrapped where ``Net`` is built). What cannot be reached
+from the entry point is reported for a person.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import libcst as cst
+
+from mnify import vocabulary as vocab
+from mnify.rewrites.context import FileContext, Lift, LiftKind
+from mnify.rewrites.edits import Guard
+from mnify.rewrites.facts import CallFact
+from mnify.rewrites.optimizer import wrap_call
+
+_WRAPPERS: dict[LiftKind, tuple[str, str]] = {
+    # kind -> (runtime name, how the report says it)
+    "optimizer": ("create_multi_node_optimizer", "gradients averaged across ranks"),
+    "mnbn": ("links.create_mnbn_model", "BatchNormalization synchronised across ranks"),
+    "channel-parallel": ("links.create_channel_parallel_model", "convolutions split over ranks"),
+}
+
+
+def _matches(ctx: FileContext, call: CallFact, lift: Lift) -> bool:
+    """Whether ``call`` calls the lifted function/class (by its resolved name)."""
+    bare = call.qname.lstrip(".")
+    if not bare:
+        return False
+    if lift.module == ctx.module_name and bare == lift.name:
+        return True
+    qualified = f"{lift.module}.{lift.name}"
+    return bare == qualified or bare.endswith("." + qualified)
+
+
+def _already_wrapped(ctx: FileContext, call: CallFact, kind: LiftKind) -> bool:
+    parent = call.parent_qname
+    if kind == "optimizer":
+        return vocab.is_multi_node_optimizer_factory(parent)
+    if kind == "mnbn":
+        return vocab.is_mnbn_factory(parent)
+    if kind == "channel-parallel":
+        return vocab.is_runtime_name(parent, "create_channel_parallel_model")
+    return False
+
+
+def _subclass_lifts(ctx: FileContext, lifts: list[Lift]) -> list[Lift]:
+    """Subclasses (in this file) of lifted classes inherit what their base needs."""
+    found = []
+    for name, bases in ctx.facts.class_bases.items():
+        for base in bases:
+            bare = base.lstrip(".")
+            for lift in lifts:
+                if lift.kind == "rank0":
+                    continue
+                local = lift.module == ctx.module_name and bare == lift.name
+                if local or bare.endswith("." + lift.name) or bare == f"{lift.module}.{lift.name}":
+                    cls = ctx.facts.classes[name]
+                    found.append(Lift(name, lift.kind, lift.label, cls, ctx.module_name))
+    return found
+
+
+def _alone_on_its_line(stmt: cst.BaseStatement | None, node: cst.Call) -> bool:
+    """``node`` is the whole statement: guarding it hides no value from the other ranks."""
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and stmt.body[0].value is node
+    )
+
+
+def _guard_target(ctx: FileContext, call: CallFact, lift: Lift) -> cst.Call | None:
+    """The call whose statement a rank-0 lift guards: ``helper(...)`` alone on its line, or
+    ``trainer.extend(helper(...), ...)`` for an extension (or a factory of one)."""
+    parent = call.parent_call
+    if parent is not None and parent.args and parent.args[0].value is call.node:
+        extend = ctx.facts.call_of(parent)
+        if extend is not None and extend.method == "extend":
+            return parent
+    return call.node
+
+
+def _extended_by_name(ctx: FileContext, lifts: list[Lift]) -> list[tuple[CallFact, Lift]]:
+    """``trainer.extend(save_samples, ...)``: an extension function passed by name."""
+    found = []
+    for call in ctx.facts.calls:
+        if call.method != "extend" or not call.node.args:
+            continue
+        arg = call.node.args[0].value
+        if not isinstance(arg, cst.Name):
+            continue
+        imported = ctx.facts.imported_modules.get(arg.value, "").lstrip(".")
+        for lift in lifts:
+            if lift.kind != "rank0":
+                continue
+            local = lift.module == ctx.module_name and arg.value == lift.name
+            qualified = f"{lift.module}.{lift.name}"
+            if local or imported == qualified or imported.endswith("." + qualified):
+                found.append((call, lift))
+    return found
+
+
+def plan_project(contexts: Mapping[str, FileContext]) -> None:
+    """Carry every lift to the calls that can see the communicator (see the module docs)."""
+    lifts: list[Lift] = [lift for ctx in contexts.values() for lift in ctx.lifts]
+    known = {(lift.module, lift.name, lift.kind) for lift in lifts}
+    for _ in range(8):  # classes inside classes, helpers calling helpers: a few levels
+        grown: list[Lift] = []
+        for ctx in contexts.values():
+            for lift in _subclass_lifts(ctx, lifts):
+                if (lift.module, lift.name, lift.kind) not in known:
+                    known.add((lift.module, lift.name, lift.kind))
+                    grown.append(lift)
+            for call in ctx.facts.calls:
+                for lift in lifts:
+                    if lift.kind == "rank0" or not _matches(ctx, call, lift):
+                        continue
+                    if ctx.visible(call.func):
+                        continue
+                    scope = ctx.outermost_scope(call.func)
+                    if scope is None:
+                        continue
+                    key = (ctx.module_name, scope.name.value, lift.kind)
+                    if key not in known:
+                        known.add(key)
+                        grown.append(
+                            Lift(scope.name.value, lift.kind, lift.label, call.node, key[0])
+                        )
+        if not grown:
+            break
+        lifts.extend(grown)
+    for ctx in contexts.values():
+        _apply(ctx, lifts)
+
+
+def _apply(ctx: FileContext, lifts: list[Lift]) -> None:
+    done: set[tuple[int, LiftKind]] = set()
+    for call in ctx.facts.calls:
+        for lift in lifts:
+            if not _matches(ctx, call, lift) or (id(call.node), lift.kind) in done:
+                continue
+            done.add((id(call.node), lift.kind))
+            if not ctx.visible(call.func):
+                if lift.kind == "rank0" and ctx.outermost_scope(call.func) is not None:
+                    ctx.note(
+                        call.node,
+                        "rank0-guard",
+                        "needs-person",
+                        f"{lift.name}() writes ({lift.label}) on every rank and is called where "
+                        "the communicator is not in scope: call it on rank 0 only",
+                    )
+                continue
+            if lift.kind == "rank0":
+                target = _guard_target(ctx, call, lift)
+                if target is not None:
+                    _guard_call(ctx, call, target, lift)
+            else:
+                _wrap(ctx, call, lift)
+    for extend, lift in _extended_by_name(ctx, lifts):
+        if ctx.visible(extend.func):
+            _guard_call(ctx, extend, extend.node, lift)
+
+
+def _wrap(ctx: FileContext, call: CallFact, lift: Lift) -> None:
+    if _already_wrapped(ctx, call, lift.kind) or call.stmt is None:
+        return
+    step = "optimizer" if lift.kind == "optimizer" else "batchnorm"
+    if lift.kind == "channel-parallel":
+        step = "model-parallel"
+    if ctx.suppressed(call.node, step):
+        return
+    comm = ctx.comm_at(call.func, lift.label)
+    if comm is None:
+        return
+    runtime, what = _WRAPPERS[lift.kind]
+    name = ctx.runtime.top(runtime)
+    ctx.plan.replace_node(call.node, wrap_call(name, comm), call.stmt)
+    ctx.note(
+        call.node,
+        step,
+        "changed",
+        f"{lift.name}(...) holds {lift.label}: built as {name}({lift.name}(...), {comm}) ({what})",
+    )
+
+
+def _guard_call(ctx: FileContext, call: CallFact, target: cst.Call, lift: Lift) -> None:
+    stmt = call.stmt
+    assert stmt is not None
+    reached = ctx.reaches_collective(stmt)
+    if not _alone_on_its_line(stmt, target) or reached is not None:
+        ctx.note(
+            call.node,
+            "rank0-guard",
+            "needs-person",
+            f"{lift.name} writes ({lift.label}) on every rank; this statement cannot simply be "
+            "put on rank 0 (its value is used, or it reaches a collective): split the writing out",
+        )
+        return
+    if id(stmt) in ctx.facts.under_rank0 or ctx.plan.is_guarded(stmt):
+        return
+    code = "MN401" if target is not call.node or lift.name in ctx.writing_extensions else "MN402"
+    if ctx.suppressed(stmt, "rank0-guard", code):
+        return
+    if ctx.comm_at(call.func, lift.label) is None:
+        return
+    ctx.plan.guard_stmt(stmt, Guard("rank0"))
+    ctx.note(
+        stmt, "rank0-guard", "changed", f"{lift.name} writes ({lift.label}): rank 0 only", code
+    )
