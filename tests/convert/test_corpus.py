@@ -47,12 +47,12 @@ ENVIRONMENTS = {
     "hashseed12345": {"PYTHONHASHSEED": "12345"},
     "malloc": {"PYTHONMALLOC": "malloc"},
 }
-# Converts the files named on stdin (a JSON list) one by one, prints {path: output or error}.
+# Converts the files named on its command line one by one, prints {path: output or error}.
 CONVERT_EACH = """\
 import json, sys
 from mnify.rewrites import convert_sources
 out = {}
-for path in json.load(sys.stdin):
+for path in sys.argv[1:]:
     with open(path, encoding="utf-8") as f:
         result = convert_sources({path: f.read()})[0]
     out[path] = result.output if result.error is None else "error: " + result.error
@@ -75,23 +75,28 @@ def output_of(script: CorpusScript) -> str:
 
 
 @functools.cache
-def converted_in_subprocess(environment: str) -> dict[str, str]:
-    """Every corpus script converted in one fresh interpreter with the given environment."""
-    env = dict(os.environ)
-    env.update(ENVIRONMENTS[environment])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    run = subprocess.run(
-        [sys.executable, "-c", CONVERT_EACH],
-        input=json.dumps([str(s.path) for s in CORPUS]),
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stderr
-    result: dict[str, str] = json.loads(run.stdout)
-    return result
+def converted_in_subprocesses() -> dict[str, dict[str, str]]:
+    """Every corpus script converted in a fresh interpreter per environment (run side by side)."""
+    procs = {}
+    for name, extra in ENVIRONMENTS.items():
+        env = dict(os.environ)
+        env.update(extra)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-c", CONVERT_EACH, *(str(s.path) for s in CORPUS)],
+            env=env,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"{name}: {err}"
+        results[name] = json.loads(out)
+    return results
 
 
 def test_table_covers_exactly_the_scripts() -> None:
@@ -137,9 +142,8 @@ def test_conversion_is_deterministic(script: CorpusScript) -> None:
     first = output_of(script)
     again = convert_sources({str(script.path): script.source}, OPTIONS)[0]
     assert again.output == first, "a second conversion in the same process differs"
-    for environment in ENVIRONMENTS:
-        other = converted_in_subprocess(environment)[str(script.path)]
-        assert other == first, f"output differs under {environment}"
+    for environment, outputs in converted_in_subprocesses().items():
+        assert outputs[str(script.path)] == first, f"output differs under {environment}"
 
 
 @pytest.mark.parametrize("script", params("idempotent"))
