@@ -1,0 +1,973 @@
+"""Where the time goes: each rank's record of its collectives, buckets and optimizer updates.
+
+``MNIFY_TIMELINE=DIR`` makes every rank record, for each collective, when it entered and left,
+its bytes, the communicator and the collective's number, and the step (the optimizer's update
+count); inside collectives each bucket of a reduction and each pack/unpack; the optimizer's
+update and, within it, the wrapped optimizer applying the gradients. On a GPU communicator
+CUDA events time the same spans on the device (host times only show the launches).
+``mnify run --timeline FILE`` sets the variable, then merges the ranks' records into one Chrome
+trace (:mod:`mnify.launch.timeline_merge`) and names stragglers (:mod:`mnify.launch.stragglers`).
+
+Recording must be cheap and survive failure, so each rank writes into a file it has mapped into
+memory (``DIR/rank-R.timeline``): a header, an append-only metadata area (JSON lines: the
+process, names, communicators, clock offsets) and a ring of fixed-size event records. An event
+is written when it begins (its end still open) and its end stored when it ends: one
+``pack_into`` and two word stores, no system call. The kernel's page cache holds every store, so
+a rank killed with SIGKILL leaves its completed events and the one it was in (open); a rank that
+hangs leaves everything up to the watchdog's timeout, whose error closes the event it was in.
+When the ring is full the oldest events are overwritten (``MNIFY_TIMELINE_EVENTS``, default
+131072 per rank, 96 bytes each; the file is sparse).
+
+How the hooks find the work, without touching the hot paths when recording is off:
+
+- :func:`attach`, called once by every communicator's constructor, agrees with the other ranks
+  whether all of them record (one small allreduce at construction), and if so wraps this
+  instance's public collectives and per-bucket entry points (the instance attributes shadow the
+  class's methods) and :mod:`mnify.runtime.kernels`' ``pack``/``unpack``. Without
+  ``MNIFY_TIMELINE`` nothing is wrapped: collectives run the class's methods untouched.
+- The optimizer wrappers call :func:`update_begins`, :func:`apply_begins` and
+  :func:`update_ends`: a test of one global each when recording is off.
+
+Clocks: events carry this rank's ``time.perf_counter_ns()`` (:data:`clock`). When a communicator
+is attached, its rank 0 exchanges timestamps with each other rank (the round trip with the
+shortest time wins) and each rank stores its clock's offset from rank 0's and the round trip
+(half of it bounds the error); the merge removes the offsets.
+
+Only the outermost collective of a nested call is recorded (``allreduce_grad`` calls
+``multi_node_mean_grad``); collectives from several threads at once are not supported (MPI's
+own thread level rarely allows them either). Nothing here imports Chainer; mpi4py and numpy
+only when a communicator is attached.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import json
+import mmap
+import os
+import struct
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+ENV_DIR = "MNIFY_TIMELINE"
+ENV_EVENTS = "MNIFY_TIMELINE_EVENTS"
+DEFAULT_EVENTS = 1 << 17
+
+MAGIC = int.from_bytes(b"MNTL", "little")
+VERSION = 1
+HEADER_BYTES = 4096
+META_BYTES = 1 << 18
+RECORD_WORDS = 12
+RECORD_BYTES = RECORD_WORDS * 8
+_RECORD = struct.Struct(f"={RECORD_WORDS}q")
+# header words
+_H_MAGIC, _H_VERSION, _H_CAPACITY, _H_HEAD, _H_META_USED, _H_META_DROPPED = range(6)
+_H_STATE, _H_RANK, _H_PID, _H_DEVICE_DROPPED = range(6, 10)
+# record words
+_R_NUMBER, _R_START, _R_END, _R_NAME, _R_CAT, _R_COMM, _R_SEQ = range(7)
+_R_STEP, _R_BYTES, _R_AUX, _R_FLAGS = range(7, 11)
+OPEN = -1  # the end of an event still in progress
+NO_COMM = -1
+
+# the file's state word
+RUNNING, EXITED = 1, 2
+
+# event flags
+FLAG_ERROR = 1  # left by an exception (a watchdog timeout, a mismatch, ...)
+FLAG_SKIPPED = 2  # an update that ended without applying gradients (broadcast only)
+
+# how many round trips rank 0 makes with each other rank to estimate its clock offset
+SYNC_ROUNDS = 10
+_SYNC_TAG = 0x6D6E74  # "mnt"
+
+
+class Category(IntEnum):
+    """What an event is; the merge names them (``cat`` in the trace)."""
+
+    COLLECTIVE = 1  # a public collective of a communicator
+    P2P = 2  # send/recv (not collective: not used for stragglers)
+    BUCKET = 3  # one bucket of a reduction (aux: unused; seq: bucket number in the collective)
+    PACK = 4  # kernels.pack into a staging buffer (aux: bucket number)
+    UNPACK = 5  # kernels.unpack out of it (aux: bucket number)
+    UPDATE = 6  # the multi-node optimizer's update()
+    APPLY = 7  # the wrapped optimizer applying the averaged gradients
+    DEVICE = 8  # GPU time of a span (aux: the category of the host span it times)
+
+
+# Public methods of the communicators that every rank calls together, and the point-to-point
+# ones. tests/timeline checks these against the methods that enter a collective.
+COLLECTIVES = (
+    "all_reduce",
+    "allgather",
+    "allgather_obj",
+    "allreduce",
+    "allreduce_grad",
+    "allreduce_obj",
+    "alltoall",
+    "barrier",
+    "bcast",
+    "bcast_data",
+    "bcast_obj",
+    "broadcast_data",
+    "gather",
+    "gather_obj",
+    "multi_node_mean_grad",
+    "scatter",
+    "scatter_obj",
+    "split",
+)
+POINT_TO_POINT = ("recv", "recv_obj", "send", "send_obj")
+# per-bucket entry points: name -> index of the argument whose .nbytes is the bucket's size
+BUCKET_METHODS = {"_allreduce_into": 1, "_shared_mean": 2}
+# collectives whose payload is a model's parameters (bytes counted once per model)
+_MODEL_COLLECTIVES = frozenset(
+    {"allreduce_grad", "bcast_data", "broadcast_data", "multi_node_mean_grad"}
+)
+
+clock: Callable[[], int] = time.perf_counter_ns
+"""The recorder's clock (read when the recorder is made; tests replace it to skew a rank)."""
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ENV_DIR, "").strip())
+
+
+def capacity_from_env() -> int:
+    try:
+        value = int(os.environ.get(ENV_EVENTS, "") or DEFAULT_EVENTS)
+    except ValueError:
+        return DEFAULT_EVENTS
+    return max(16, value)
+
+
+def rank_file(directory: str | os.PathLike[str], rank: int) -> Path:
+    return Path(directory) / f"rank-{rank}.timeline"
+
+
+def rank_of_file(path: Path) -> int | None:
+    """The rank a file in a timeline directory belongs to, from its name; None if not one."""
+    name = path.name
+    if not (name.startswith("rank-") and name.endswith(".timeline")):
+        return None
+    digits = name[len("rank-") : -len(".timeline")]
+    return int(digits) if digits.isdigit() else None
+
+
+# -- writing ----------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """One rank's timeline file, mapped into memory."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        rank: int,
+        size: int,
+        host: str,
+        capacity: int = DEFAULT_EVENTS,
+        now: Callable[[], int] | None = None,
+    ) -> None:
+        self.path = path
+        self.capacity = int(capacity)
+        self.now = now if now is not None else clock
+        total = HEADER_BYTES + META_BYTES + self.capacity * RECORD_BYTES
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, total)
+            self._memory = mmap.mmap(fd, total)
+        finally:
+            os.close(fd)
+        self._words = memoryview(self._memory).cast("q")
+        self._pack = _RECORD.pack_into
+        self._ring = HEADER_BYTES + META_BYTES
+        self.head = 0
+        self._meta_used = 0
+        self._names: dict[str, int] = {}
+        # state the hooks share
+        self.step = 0  # optimizer updates finished (or skipped) so far
+        self.depth = 0  # inside a recorded collective
+        self.in_bucket = False
+        self.bucket = 0  # number of the current bucket in the current collective
+        self.comm = NO_COMM  # the current collective's communicator and number
+        self.seq = 0
+        self.device: DeviceSpans | None = None
+        self._update_at = -1
+        self._apply_at = -1
+        self._device_apply: Any = None
+        words = self._words
+        words[_H_VERSION] = VERSION
+        words[_H_CAPACITY] = self.capacity
+        words[_H_STATE] = RUNNING
+        words[_H_RANK] = rank
+        words[_H_PID] = os.getpid()
+        words[_H_MAGIC] = MAGIC  # last: a reader sees a header only once it is whole
+        self.meta(
+            {
+                "t": "process",
+                "rank": rank,
+                "size": size,
+                "host": host,
+                "pid": os.getpid(),
+                "clock": "perf_counter_ns",
+                "clock_at_start_ns": self.now(),
+                "wall_at_start_ns": time.time_ns(),
+                "capacity": self.capacity,
+            }
+        )
+
+    # metadata: rare, never overwritten
+
+    def meta(self, item: dict[str, Any]) -> None:
+        """Append one JSON line to the metadata area (counted as dropped when it is full)."""
+        raw = json.dumps(item, separators=(",", ":")).encode("utf-8") + b"\n"
+        used = self._meta_used
+        if used + len(raw) > META_BYTES:
+            self._words[_H_META_DROPPED] += 1
+            return
+        self._memory[HEADER_BYTES + used : HEADER_BYTES + used + len(raw)] = raw
+        self._meta_used = used + len(raw)
+        self._words[_H_META_USED] = self._meta_used
+
+    def name_id(self, name: str) -> int:
+        found = self._names.get(name)
+        if found is None:
+            found = self._names[name] = len(self._names)
+            self.meta({"t": "name", "id": found, "name": name})
+        return found
+
+    # events: the hot path
+
+    def open(self, cat: int, name: int, comm: int, seq: int, nbytes: int, aux: int) -> int:
+        """Begin an event now; returns where it lies (for :meth:`close`)."""
+        n = self.head
+        offset = self._ring + (n % self.capacity) * RECORD_BYTES
+        self._pack(
+            self._memory, offset, n + 1, self.now(), OPEN, name, cat, comm, seq, self.step,
+            nbytes, aux, 0, 0,
+        )  # fmt: skip
+        self.head = n + 1
+        self._words[_H_HEAD] = n + 1
+        return offset >> 3
+
+    def close(self, at: int) -> None:
+        """End the event at ``at`` now (unless the ring has overwritten it since)."""
+        words = self._words
+        if words[at] > self.head - self.capacity:
+            words[at + _R_END] = self.now()
+
+    def flag(self, at: int, flags: int) -> None:
+        words = self._words
+        if words[at] > self.head - self.capacity:
+            words[at + _R_FLAGS] |= flags
+
+    def set_bytes(self, at: int, nbytes: int) -> None:
+        words = self._words
+        if words[at] > self.head - self.capacity:
+            words[at + _R_BYTES] = nbytes
+
+    def add(
+        self,
+        cat: int,
+        name: int,
+        comm: int,
+        seq: int,
+        step: int,
+        nbytes: int,
+        aux: int,
+        start: int,
+        end: int,
+    ) -> None:
+        """A finished event measured elsewhere (the GPU's spans)."""
+        n = self.head
+        offset = self._ring + (n % self.capacity) * RECORD_BYTES
+        self._pack(
+            self._memory, offset, n + 1, start, end, name, cat, comm, seq, step, nbytes, aux, 0, 0
+        )
+        self.head = n + 1
+        self._words[_H_HEAD] = n + 1
+
+    # the optimizer's update (see the module functions below)
+
+    def update_begins(self) -> None:
+        if self._update_at >= 0:  # the last update returned early: it only broadcast
+            self.flag(self._update_at, FLAG_SKIPPED)
+            self.close(self._update_at)
+            self._update_at = -1
+            self.step += 1
+        self._update_at = self.open(Category.UPDATE, self.name_id("update"), NO_COMM, 0, 0, -1)
+
+    def apply_begins(self) -> None:
+        self._apply_at = self.open(Category.APPLY, self.name_id("optimizer"), NO_COMM, 0, 0, -1)
+        if self.device is not None:
+            self._device_apply = self.device.begin(None)
+
+    def update_ends(self) -> None:
+        if self._apply_at >= 0:
+            self.close(self._apply_at)
+            if self.device is not None and self._device_apply is not None:
+                self.device.end(
+                    self._device_apply, None, Category.APPLY, self.name_id("optimizer"),
+                    NO_COMM, 0, 0,
+                )  # fmt: skip
+                self._device_apply = None
+            self._apply_at = -1
+        if self._update_at >= 0:
+            self.close(self._update_at)
+            self._update_at = -1
+        self.step += 1
+        if self.device is not None:
+            self.device.poll()
+
+    def finish(self) -> None:
+        """The process is exiting: time what the GPU still owes, mark the file as complete."""
+        if self.device is not None:
+            self.device.drain(2.0)
+        self._words[_H_STATE] = EXITED
+        self._memory.flush()
+
+
+# -- GPU spans ------------------------------------------------------------------------------------
+
+
+class DeviceSpans:
+    """When the GPU ran what the host launched: a CUDA event before and after, read back later.
+
+    ``cuda`` is ``cupy.cuda`` (tests pass a stand-in). Event pairs wait in a queue until the
+    GPU has passed them; :meth:`poll` turns finished pairs into ``DEVICE`` events on the host's
+    clock through an anchor: an event recorded on an idle stream and waited for, whose host
+    time is taken around the wait. The anchor is renewed every ``reanchor_s`` seconds (when
+    nothing is pending), so drift between the clocks stays small.
+    """
+
+    MAX_PENDING = 4096
+
+    def __init__(self, recorder: Recorder, cuda: Any, reanchor_s: float = 30.0) -> None:
+        self.recorder = recorder
+        self.cuda = cuda
+        self.reanchor_ns = int(reanchor_s * 1e9)
+        self._free: list[Any] = []
+        self._pending: deque[tuple[Any, ...]] = deque()
+        self._idle = cuda.Stream(non_blocking=True)
+        self._anchor()
+
+    def _anchor(self) -> None:
+        now = self.recorder.now
+        event = self.cuda.Event()
+        before = now()
+        event.record(self._idle)
+        event.synchronize()
+        after = now()
+        self._ref, self._ref_ns, self._anchored = event, (before + after) // 2, after
+
+    def _event(self) -> Any:
+        return self._free.pop() if self._free else self.cuda.Event(block=False)
+
+    def begin(self, stream: Any) -> Any:
+        """An event on ``stream`` (None: the current stream) marking where a span begins."""
+        event = self._event()
+        event.record(stream)
+        return event
+
+    def end(
+        self, start: Any, stream: Any, cat: int, name: int, comm: int, seq: int, nbytes: int
+    ) -> None:
+        event = self._event()
+        event.record(stream)
+        rec = self.recorder
+        self._pending.append((start, event, cat, name, comm, seq, rec.step, nbytes))
+        if len(self._pending) > self.MAX_PENDING:
+            self._pending.popleft()
+            rec._words[_H_DEVICE_DROPPED] += 1
+
+    def poll(self) -> None:
+        """Write the spans the GPU has finished, oldest first."""
+        pending, rec = self._pending, self.recorder
+        if pending:
+            elapsed, ref, base = self.cuda.get_elapsed_time, self._ref, self._ref_ns
+            while pending and pending[0][1].done:
+                start, end, cat, name, comm, seq, step, nbytes = pending.popleft()
+                t0 = base + int(elapsed(ref, start) * 1e6)
+                t1 = base + int(elapsed(ref, end) * 1e6)
+                rec.add(Category.DEVICE, name, comm, seq, step, nbytes, cat, t0, t1)
+                self._free += (start, end)
+        if not pending and rec.now() - self._anchored > self.reanchor_ns:
+            self._anchor()
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for the pending spans, then write them."""
+        deadline = time.monotonic() + timeout_s
+        while self._pending and time.monotonic() < deadline:
+            if not self._pending[0][1].done:
+                time.sleep(0.001)
+            self.poll()
+
+
+# -- the process's recorder and the hooks -------------------------------------------------------
+
+_recorder: Recorder | None = None
+_kernels_wrapped = False
+_comm_keys: dict[str, int] = {}  # communicators made so far per set of world ranks
+_comm_count = 0
+
+
+def recorder() -> Recorder | None:
+    """This process's recorder, if it records."""
+    return _recorder
+
+
+def update_begins() -> None:
+    """The multi-node optimizer's ``update`` began (its forward, backward and averaging follow)."""
+    rec = _recorder
+    if rec is not None:
+        rec.update_begins()
+
+
+def apply_begins() -> None:
+    """The wrapped optimizer is about to apply the averaged gradients."""
+    rec = _recorder
+    if rec is not None:
+        rec.apply_begins()
+
+
+def update_ends() -> None:
+    """The update is over: the step count goes up by one."""
+    rec = _recorder
+    if rec is not None:
+        rec.update_ends()
+
+
+def _start(directory: str, rank: int, size: int, host: str) -> Recorder | None:
+    """Make this process's recorder (once); None, with a warning, if the file cannot be made."""
+    global _recorder
+    if _recorder is not None:
+        return _recorder
+    try:
+        _recorder = Recorder(
+            rank_file(directory, rank), rank=rank, size=size, host=host,
+            capacity=capacity_from_env(),
+        )  # fmt: skip
+    except OSError as exc:
+        sys.stderr.write(f"mnify: {ENV_DIR}={directory}: cannot record the timeline: {exc}\n")
+        return None
+    atexit.register(_finish)
+    return _recorder
+
+
+def _finish() -> None:
+    if _recorder is not None:
+        _recorder.finish()
+
+
+def attach(comm: Any) -> bool:
+    """Record ``comm``'s collectives if every one of its ranks records; True if so.
+
+    Collective over ``comm``'s ranks (called by the communicator's constructor).
+    """
+    import numpy as np
+    from mpi4py import MPI
+
+    mpi_comm = comm.mpi_comm
+    want = enabled()
+    rec = None
+    if want:
+        world = MPI.COMM_WORLD
+        rec = _start(
+            os.environ[ENV_DIR].strip(), world.Get_rank(), world.Get_size(), comm.host_name
+        )
+    votes = np.array([int(want), int(rec is not None)], dtype=np.int64)
+    mpi_comm.Allreduce(MPI.IN_PLACE, votes, op=MPI.SUM)
+    size = mpi_comm.Get_size()
+    if int(votes[1]) != size:
+        if want and comm.rank == 0:
+            sys.stderr.write(
+                f"mnify: {ENV_DIR} is set on {int(votes[0])} of {size} ranks and usable on "
+                f"{int(votes[1])}: not recording the timeline (every rank must record; "
+                f"forward the variable to every host: mpiexec -x {ENV_DIR})\n"
+            )
+        return False
+    assert rec is not None
+    comm_id, members = _register(rec, comm, mpi_comm)
+    _sync_clock(rec, mpi_comm, comm_id, members[0])
+    _wrap_communicator(rec, comm, comm_id)
+    _wrap_kernels(rec)
+    return True
+
+
+def _register(rec: Recorder, comm: Any, mpi_comm: Any) -> tuple[int, list[int]]:
+    """Describe ``comm`` in the metadata; returns its number in this process and its ranks'
+    world ranks.
+
+    Its ``key`` is the same on each of its ranks and differs from other communicators': a hash
+    of its world ranks and how many communicators over the same ranks came before it.
+    """
+    from mpi4py import MPI
+
+    size = mpi_comm.Get_size()
+    world = MPI.COMM_WORLD.Get_group()
+    group = mpi_comm.Get_group()
+    try:
+        members = [int(r) for r in MPI.Group.Translate_ranks(group, list(range(size)), world)]
+    finally:
+        group.Free()
+        world.Free()
+    global _comm_count
+    digest = hashlib.sha1(",".join(map(str, members)).encode()).hexdigest()[:12]
+    ordinal = _comm_keys.get(digest, 0)
+    _comm_keys[digest] = ordinal + 1
+    comm_id = _comm_count
+    _comm_count += 1
+    item: dict[str, Any] = {
+        "t": "comm",
+        "id": comm_id,
+        "key": f"{digest}.{ordinal}",
+        "class": getattr(comm, "name", type(comm).__name__),
+        "rank": comm.rank,
+        "size": size,
+    }
+    if size <= 1024:
+        item["world_ranks"] = members
+        hosts = getattr(getattr(comm, "topology", None), "host_of_rank", None)
+        if hosts is not None:
+            item["hosts"] = list(hosts)
+    rec.meta(item)
+    return comm_id, members
+
+
+def _sync_clock(rec: Recorder, mpi_comm: Any, comm_id: int, world_rank0: int) -> None:
+    """Estimate each rank's clock offset from the communicator's rank 0 (collective).
+
+    Rank 0 sends its time to each other rank in turn and gets the other's back; of
+    :data:`SYNC_ROUNDS` round trips the shortest gives the offset (the other's time minus the
+    midpoint of the trip), good to half the trip. Rank 0 then tells the other rank the result,
+    with its own process id and wall clock as the job's token.
+    """
+    import numpy as np
+
+    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+    now = rec.now
+    job = np.array([os.getpid(), time.time_ns()], dtype=np.int64)
+    if rank == 0:
+        ping = np.zeros(1, dtype=np.int64)
+        for peer in range(1, size):
+            best = (1 << 62, 0, 0)
+            for _ in range(SYNC_ROUNDS):
+                t0 = now()
+                ping[0] = t0
+                mpi_comm.Send(ping, dest=peer, tag=_SYNC_TAG)
+                mpi_comm.Recv(ping, source=peer, tag=_SYNC_TAG)
+                t1 = now()
+                if t1 - t0 < best[0]:
+                    best = (t1 - t0, int(ping[0]) - (t0 + t1) // 2, int(ping[0]))
+            result = np.array([best[1], best[0], best[2], job[0], job[1]], dtype=np.int64)
+            mpi_comm.Send(result, dest=peer, tag=_SYNC_TAG)
+        rec.meta({"t": "job", "comm": comm_id, "size": size, "token": [int(v) for v in job]})
+        return
+    ping = np.zeros(1, dtype=np.int64)
+    for _ in range(SYNC_ROUNDS):
+        mpi_comm.Recv(ping, source=0, tag=_SYNC_TAG)
+        ping[0] = now()
+        mpi_comm.Send(ping, dest=0, tag=_SYNC_TAG)
+    result = np.zeros(5, dtype=np.int64)
+    mpi_comm.Recv(result, source=0, tag=_SYNC_TAG)
+    offset, rtt, at = (int(v) for v in result[:3])
+    rec.meta(
+        {
+            "t": "clock",
+            "comm": comm_id,
+            "ref": world_rank0,
+            "offset_ns": offset,
+            "rtt_ns": rtt,
+            "at_ns": at,
+        }
+    )
+    rec.meta({"t": "job", "comm": comm_id, "size": size, "token": [int(v) for v in result[3:]]})
+
+
+def _device_spans(rec: Recorder) -> DeviceSpans | None:
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return None
+    try:
+        return DeviceSpans(rec, cupy.cuda)
+    except Exception as exc:  # no usable device after all: host times only
+        rec.meta({"t": "warning", "message": f"no CUDA event timing: {exc}"})
+        return None
+
+
+# -- wrappers -----------------------------------------------------------------------------------
+
+
+class _CommState:
+    """What the wrappers of one communicator share."""
+
+    __slots__ = ("comm", "comm_id", "seq", "model_bytes", "device", "checked")
+
+    def __init__(self, comm: Any, comm_id: int) -> None:
+        self.comm = comm
+        self.comm_id = comm_id
+        self.seq = 0  # collectives entered so far (the same number on every rank)
+        self.model_bytes: dict[int, int] = {}
+        self.device: DeviceSpans | None = None
+        self.checked = False  # whether the communicator was looked at for a GPU
+
+    def device_spans(self, rec: Recorder) -> DeviceSpans | None:
+        """CUDA-event timing for a GPU communicator (one with a ``device_id``, which
+        pure_nccl sets after the base constructor ran: looked at on the first collective)."""
+        if not self.checked:
+            self.checked = True
+            if getattr(self.comm, "device_id", None) is not None:
+                if rec.device is None:
+                    rec.device = _device_spans(rec)
+                self.device = rec.device
+                if rec.device is not None:
+                    rec.meta({"t": "device", "comm": self.comm_id})
+        return self.device
+
+
+def _payload_bytes(args: tuple[Any, ...]) -> int:
+    """Bytes of a collective's array argument (an array or a list of arrays); 0 for objects."""
+    if not args:
+        return 0
+    x = args[0]
+    n = getattr(x, "nbytes", None)
+    if isinstance(n, int):
+        return n
+    if isinstance(x, list | tuple):
+        return sum(int(getattr(a, "nbytes", 0) or 0) for a in x)
+    return 0
+
+
+def _model_bytes(state: _CommState, model: Any) -> int:
+    """Bytes of a model's parameters, counted once per model object."""
+    key = id(model)
+    found = state.model_bytes.get(key)
+    if found is None:
+        try:
+            found = sum(
+                int(getattr(getattr(p, "data", None), "nbytes", 0) or 0)
+                for _, p in model.namedparams()
+            )
+        except Exception:
+            found = 0
+        state.model_bytes[key] = found
+    return found
+
+
+def _wrap_communicator(rec: Recorder, comm: Any, comm_id: int) -> None:
+    state = _CommState(comm, comm_id)
+    for names, cat in ((COLLECTIVES, Category.COLLECTIVE), (POINT_TO_POINT, Category.P2P)):
+        for name in names:
+            method = getattr(comm, name, None)
+            if method is not None:
+                setattr(comm, name, _collective(rec, state, name, method, cat))
+    for name, index in BUCKET_METHODS.items():
+        method = getattr(comm, name, None)
+        if method is not None:
+            setattr(comm, name, _bucket(rec, comm_id, method, index))
+    shm = getattr(comm, "_shm", None)
+    if shm is not None and hasattr(shm, "mean_buckets"):
+        shm.mean_buckets = _pipelined(rec, comm_id, shm.mean_buckets)
+
+
+def _peer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The other rank of a send (``dest``, second argument) or receive (``source``, first)."""
+    if name.startswith("recv"):
+        peer = args[0] if args else kwargs.get("source", -1)
+    else:
+        peer = args[1] if len(args) > 1 else kwargs.get("dest", -1)
+    return peer if isinstance(peer, int) else -1
+
+
+def _collective(
+    rec: Recorder,
+    state: _CommState,
+    name: str,
+    method: Callable[..., Any],
+    cat: Category,
+) -> Callable[..., Any]:
+    name_id = rec.name_id(name)
+    p2p = cat == Category.P2P
+    models = name in _MODEL_COLLECTIVES
+    comm_id = state.comm_id
+
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        if rec.depth:
+            return method(*args, **kwargs)
+        rec.depth = 1
+        if p2p:
+            seq, aux = state.seq, _peer(name, args, kwargs)
+        else:
+            state.seq += 1
+            seq, aux = state.seq, -1
+        nbytes = _model_bytes(state, args[0]) if models and args else _payload_bytes(args)
+        rec.comm, rec.seq, rec.bucket = comm_id, seq, 0
+        at = rec.open(cat, name_id, comm_id, seq, nbytes, aux)
+        device = state.device if state.checked else state.device_spans(rec)
+        started = device.begin(kwargs.get("stream")) if device is not None else None
+        try:
+            result = method(*args, **kwargs)
+            if p2p and name == "recv":
+                rec.set_bytes(at, int(getattr(result, "nbytes", 0) or 0))
+            return result
+        except BaseException:
+            rec.flag(at, FLAG_ERROR)
+            raise
+        finally:
+            if started is not None and device is not None:
+                device.end(started, kwargs.get("stream"), cat, name_id, comm_id, seq, nbytes)
+                device.poll()
+            rec.close(at)
+            rec.depth = 0
+            rec.comm = NO_COMM
+
+    return functools.update_wrapper(collective, method)
+
+
+def _bucket(
+    rec: Recorder, comm_id: int, method: Callable[..., Any], index: int
+) -> Callable[..., Any]:
+    name_id = rec.name_id("bucket")
+
+    def bucket(*args: Any, **kwargs: Any) -> Any:
+        if rec.in_bucket:
+            return method(*args, **kwargs)
+        rec.in_bucket = True
+        rec.bucket += 1
+        nbytes = int(getattr(args[index], "nbytes", 0)) if len(args) > index else 0
+        at = rec.open(Category.BUCKET, name_id, comm_id, rec.bucket, nbytes, rec.seq)
+        try:
+            return method(*args, **kwargs)
+        except BaseException:
+            rec.flag(at, FLAG_ERROR)
+            raise
+        finally:
+            rec.close(at)
+            rec.in_bucket = False
+
+    return functools.update_wrapper(bucket, method)
+
+
+def _pipelined(rec: Recorder, comm_id: int, method: Callable[..., Any]) -> Callable[..., Any]:
+    """The shared-memory reducer's ``mean_buckets(buckets, ...)``: it takes bucket k + 1 from
+    the iterable once it has published and reduced its share of bucket k, so bucket k's span
+    runs from taking it to taking the next (the last one's to the return)."""
+    name_id = rec.name_id("bucket")
+
+    def follow(buckets: Iterable[Any], open_at: list[int]) -> Iterator[Any]:
+        for item in buckets:
+            if open_at:
+                rec.close(open_at.pop())
+            rec.bucket += 1
+            nbytes = int(getattr(item[1], "nbytes", 0))
+            open_at.append(rec.open(Category.BUCKET, name_id, comm_id, rec.bucket, nbytes, rec.seq))
+            yield item
+
+    def mean_buckets(buckets: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
+        if rec.in_bucket:
+            return method(buckets, *args, **kwargs)
+        rec.in_bucket = True
+        open_at: list[int] = []
+        try:
+            return method(follow(buckets, open_at), *args, **kwargs)
+        except BaseException:
+            if open_at:
+                rec.flag(open_at[0], FLAG_ERROR)
+            raise
+        finally:
+            if open_at:
+                rec.close(open_at.pop())
+            rec.in_bucket = False
+
+    return functools.update_wrapper(mean_buckets, method)
+
+
+def _wrap_kernels(rec: Recorder) -> None:
+    """Time :mod:`mnify.runtime.kernels`' ``pack`` and ``unpack`` (process-wide, once)."""
+    global _kernels_wrapped
+    if _kernels_wrapped:
+        return
+    from mnify.runtime import kernels
+
+    kernels.pack = _kernel(rec, Category.PACK, "pack", kernels.pack, 1)  # type: ignore[method-assign]
+    kernels.unpack = _kernel(rec, Category.UNPACK, "unpack", kernels.unpack, 0)  # type: ignore[method-assign]
+    _kernels_wrapped = True
+
+
+def _kernel(
+    rec: Recorder, cat: Category, name: str, fn: Callable[..., Any], buffer: int
+) -> Callable[..., Any]:
+    """``fn(a, b, ...)`` recorded; ``buffer`` is the index of the staging buffer's argument."""
+    name_id = rec.name_id(name)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        staged = args[buffer]
+        nbytes = int(getattr(staged, "nbytes", 0))
+        at = rec.open(cat, name_id, rec.comm, rec.seq, nbytes, rec.bucket)
+        device = rec.device
+        started = device.begin(None) if device is not None and _on_device(staged) else None
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if started is not None and device is not None:
+                device.end(started, None, cat, name_id, rec.comm, rec.seq, nbytes)
+            rec.close(at)
+
+    return functools.update_wrapper(kernel, fn)
+
+
+def _on_device(x: Any) -> bool:
+    return type(x).__module__.split(".", 1)[0] == "cupy"
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+_CATEGORIES = [int(c) for c in Category]
+
+
+class TimelineFileError(Exception):
+    """A file that is not a readable timeline."""
+
+
+@dataclass
+class Event:
+    """One recorded event, in the rank's own clock (nanoseconds)."""
+
+    start: int
+    end: int | None  # None: still open when the file was read (the rank died or hangs)
+    name: str
+    cat: Category
+    comm: int
+    seq: int
+    step: int
+    nbytes: int
+    aux: int
+    flags: int
+
+
+@dataclass
+class RankTimeline:
+    """What one rank's file holds."""
+
+    path: Path
+    rank: int
+    pid: int
+    exited: bool  # the process ended normally (atexit ran)
+    capacity: int
+    written: int  # events ever written; more than capacity means the oldest were overwritten
+    events: list[Event]
+    process: dict[str, Any]
+    comms: dict[int, dict[str, Any]]
+    clocks: list[dict[str, Any]]  # offsets from another rank's clock
+    jobs: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+    dropped_meta: int = 0
+    dropped_device: int = 0
+    damaged: int = 0  # records skipped because they did not read back whole
+
+    @property
+    def size(self) -> int:
+        return int(self.process.get("size", 0))
+
+    @property
+    def host(self) -> str:
+        return str(self.process.get("host", ""))
+
+
+def read_file(path: str | os.PathLike[str]) -> RankTimeline:
+    """Read one rank's timeline file (of a running, finished or killed process)."""
+    import numpy as np
+
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TimelineFileError(f"{path}: {exc.strerror or exc}") from exc
+    if len(raw) < HEADER_BYTES + META_BYTES:
+        raise TimelineFileError(f"{path}: too short to be a timeline ({len(raw)} bytes)")
+    header = struct.unpack_from("=10q", raw)
+    if header[_H_MAGIC] != MAGIC:
+        raise TimelineFileError(f"{path}: not a timeline file (bad magic)")
+    if header[_H_VERSION] != VERSION:
+        raise TimelineFileError(f"{path}: timeline format {header[_H_VERSION]}, expected {VERSION}")
+    capacity, head = int(header[_H_CAPACITY]), int(header[_H_HEAD])
+    ring = HEADER_BYTES + META_BYTES
+    if capacity <= 0 or len(raw) < ring + capacity * RECORD_BYTES:
+        raise TimelineFileError(f"{path}: truncated (capacity {capacity} events)")
+    names: dict[int, str] = {}
+    comms: dict[int, dict[str, Any]] = {}
+    clocks: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    process: dict[str, Any] = {}
+    used = min(int(header[_H_META_USED]), META_BYTES)
+    for line in raw[HEADER_BYTES : HEADER_BYTES + used].splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        kind = item.get("t")
+        if kind == "name":
+            names[int(item["id"])] = str(item["name"])
+        elif kind == "comm":
+            comms[int(item["id"])] = item
+        elif kind == "clock":
+            clocks.append(item)
+        elif kind == "job":
+            jobs.append(item)
+        elif kind == "process":
+            process = item
+        elif kind == "warning":
+            warnings.append(str(item.get("message", "")))
+    events: list[Event] = []
+    # when the ring has wrapped, the oldest slot may be the one a killed writer was overwriting
+    first = max(0, head - capacity + 1) if head >= capacity else 0
+    numbers = np.arange(first, head, dtype=np.int64)
+    table = np.frombuffer(raw, dtype=np.int64, count=capacity * RECORD_WORDS, offset=ring)
+    rows = table.reshape(capacity, RECORD_WORDS)[numbers % capacity]
+    whole = (rows[:, _R_NUMBER] == numbers + 1) & np.isin(rows[:, _R_CAT], _CATEGORIES)
+    damaged = int(np.count_nonzero(~whole))
+    categories = {int(c): c for c in Category}
+    for _, start, end, name, cat, comm, seq, step, nbytes, aux, flags, _ in rows[whole].tolist():
+        events.append(
+            Event(
+                start=start,
+                end=None if end == OPEN else end,
+                name=names.get(name, f"#{name}"),
+                cat=categories[cat],
+                comm=comm,
+                seq=seq,
+                step=step,
+                nbytes=nbytes,
+                aux=aux,
+                flags=flags,
+            )
+        )
+    return RankTimeline(
+        path=path,
+        rank=int(header[_H_RANK]),
+        pid=int(header[_H_PID]),
+        exited=header[_H_STATE] == EXITED,
+        capacity=capacity,
+        written=head,
+        events=events,
+        process=process,
+        comms=comms,
+        clocks=clocks,
+        jobs=jobs,
+        warnings=warnings,
+        dropped_meta=int(header[_H_META_DROPPED]),
+        dropped_device=int(header[_H_DEVICE_DROPPED]),
+        damaged=damaged,
+    )
