@@ -25,7 +25,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 from mpi4py import MPI
 
-from mnify.runtime import debug, kernels, rank_state
+from mnify.runtime import debug, kernels, rank_state, timeline
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators import shared_memory
 from mnify.runtime.communicators.buckets import PlanCache
@@ -134,6 +134,8 @@ class CommunicatorBase:
         self._shm: SharedMemoryReducer | None = None
         if self.uses_shared_memory and shared_memory.enabled_by_env():
             self._shm = self._create_shared_memory()
+        # MNIFY_TIMELINE: when every rank records, this instance's collectives are wrapped
+        timeline.attach(self)
 
     # -- topology -------------------------------------------------------------------------------
 
