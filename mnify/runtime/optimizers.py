@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import chainer
 
+from mnify.runtime import timeline
+
 if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
 
@@ -125,10 +127,12 @@ class MultiNodeOptimizer(_WrapperBase):
 
     def update(self, lossfun: Any = None, *args: Any, **kwds: Any) -> None:
         """One synchronous step; see the module docstring for what happens on the first one."""
+        timeline.update_begins()
         if lossfun is None:
             # The caller computed gradients. If parameters changed they were computed on
             # parameters the ranks did not share: broadcast and skip (ChainerMN's behaviour).
             if self._broadcast_if_changed():
+                timeline.update_ends()
                 return
         else:
             signature = param_signature(self._target)
@@ -143,7 +147,9 @@ class MultiNodeOptimizer(_WrapperBase):
             if self._broadcast_if_changed():  # the forward still created parameters: redo it
                 self._compute_grads(lossfun, args, kwds)
         self.communicator.multi_node_mean_grad(self._target, self.zero_fill)
+        timeline.apply_begins()
         self.actual_optimizer.update(None)
+        timeline.update_ends()
 
 
 class DoubleBufferingOptimizer(_WrapperBase):
@@ -173,6 +179,7 @@ class DoubleBufferingOptimizer(_WrapperBase):
         self.cupy.cuda.get_current_stream().synchronize()
 
     def update(self, lossfun: Any = None, *args: Any, **kwds: Any) -> None:
+        timeline.update_begins()
         target = self._target
         if lossfun is not None:
             self._compute_grads(lossfun, args, kwds)
@@ -184,6 +191,7 @@ class DoubleBufferingOptimizer(_WrapperBase):
             self._set_own("communicated_target", copy.deepcopy(target))
             self._set_own("synced_signature", signature)
             self._set_own("has_pending_grads", False)
+            timeline.update_ends()
             return
         self.wait()
         own = dict(target.namedparams())
@@ -194,8 +202,10 @@ class DoubleBufferingOptimizer(_WrapperBase):
             self.communicated_target, self.zero_fill, stream=self.stream
         )
         if self.has_pending_grads:
+            timeline.apply_begins()
             self.actual_optimizer.update(None)
         self._set_own("has_pending_grads", True)
+        timeline.update_ends()
 
 
 def create_multi_node_optimizer(
