@@ -52,11 +52,24 @@ class _BlockWork:
     sites: list[CallFact] = field(default_factory=list)
 
 
+def is_user_iterator(qname: str) -> bool:
+    """An iterator class of the user's or of another library (``WindowIterator``,
+    ``ParallelSequentialIterator``): named like one, not Chainer's or the runtime's."""
+    bare = qname.lstrip(".")
+    return (
+        bool(bare)
+        and vocab.last(bare).endswith("Iterator")
+        and not vocab.is_chainer_name(bare)
+        and not vocab.is_runtime_name(bare, vocab.last(bare))
+    )
+
+
 def iterator_calls(ctx: FileContext) -> list[CallFact]:
+    """Every construction of a dataset iterator, Chainer's or anyone's, not yet distributed."""
     return [
         c
         for c in ctx.facts.calls
-        if vocab.is_iterator(c.qname)
+        if (vocab.is_iterator(c.qname) or is_user_iterator(c.qname))
         and not (
             vocab.is_multi_node_iterator_factory(c.parent_qname) or vocab.is_scatter(c.parent_qname)
         )
@@ -81,7 +94,9 @@ def plan(ctx: FileContext) -> None:
         stmt = call.stmt
         if arg is None or stmt is None or ctx.suppressed(call.node, "dataset"):
             continue
-        train = is_training_iterator(call.node)
+        # Chainer's own iterators shuffle a shard freely; another iterator may read its data in
+        # order (a token stream, windows of a corpus): it gets a contiguous shard.
+        train = is_training_iterator(call.node) and vocab.is_iterator(call.qname)
         if id(stmt) in ctx.facts.under_rank_test:
             # A scatter here would run on some ranks only (a deadlock): leave it to a person.
             ctx.note(
@@ -181,11 +196,25 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
     wanted = set(item.datasets)
     defs = _defining_statements(ctx, item, wanted)
     ordered = sorted(item.datasets)
+    whole = _plan_tail(ctx, item, comm)
+    for d in sorted(whole):
+        # the tail reads the whole dataset: scatter it where the iterators take it instead
+        for call in item.sites:
+            arg = dataset_arg(call.node)
+            if arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == d:
+                shuffle = ", shuffle=True" if item.datasets[d] else ""
+                value = f"{scatter}({d}, {comm}{shuffle})"
+                ctx.plan.replace_node(arg, _arg_value(value), call.stmt)
     scatters = [
         statement(f"{d} = {scatter}({d}, {comm}{', shuffle=True' if item.datasets[d] else ''})\n")
         for d in _in_order(ordered, body, defs)
+        if d not in whole
     ]
     label = ", ".join(_in_order(ordered, body, defs))
+    if not scatters:
+        ctx.note(site, "dataset", "changed", f"scatter {label} where the iterators take it")
+        if not defs:
+            return
     if not defs:
         unbound = [d for d in ordered if not _assigned_before(ctx, d, body[item.first_iterator])]
         if unbound:
@@ -214,30 +243,239 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
         )
         ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
         return
-    region = body[start : end + 1]
-    bound = assigned_in(region)
-    others = bound - wanted
-    extra = sorted(others & names_in(body[end + 1 :])) if others else []
-    if extra:
-        ctx.plan.insert_after(body[end], scatters)
+    first = item.first_iterator
+    readers = [
+        stmt
+        for stmt in body[end + 1 : first]
+        if names_in([stmt]) & wanted and not _is_print(ctx, stmt)
+    ]
+    later = names_in(body[end + 1 :])
+    units = None if readers else _loading_units(ctx, body[start : end + 1], wanted, later)
+    if units is None:
+        # Code between the loading and the iterators reads the datasets (a vocabulary size,
+        # say), or the loading defines more than the datasets: every rank loads, and the
+        # scatter goes right before the iterators so that code still sees the whole data.
+        ctx.plan.insert_before(body[first], scatters)
+        why = (
+            f"line {ctx.line(readers[0])} reads the whole dataset before the iterators"
+            if readers
+            else "those lines also define what every rank needs"
+        )
         ctx.note(
             body[start],
             "dataset",
-            "needs-person",
-            f"every rank loads the data (possibly downloading it at once), because those lines "
-            f"also define {', '.join(extra)}: move that out so rank 0 alone loads",
+            "info",
+            f"every rank loads the data ({why}); rank 0's copy is scattered",
         )
         ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
         return
-    key = f"data{n}"
-    else_names = tuple(d for d in _in_order(sorted(bound & wanted), body, defs))
-    for i, stmt in enumerate(region):
-        guard = Guard(key, else_names if i == len(region) - 1 else ())
-        ctx.plan.unguard(stmt)
-        ctx.plan.guard_stmt(stmt, guard)
+    for run in _runs(ctx, units):
+        names: list[str] = []
+        for _, bound in run:
+            names.extend(b for b in _in_order(sorted(bound), body, defs) if b not in names)
+        for i, (stmt, _) in enumerate(run):
+            last = i == len(run) - 1
+            ctx.plan.unguard(stmt)
+            ctx.plan.guard_stmt(stmt, Guard(f"data{n}", tuple(names) if last else ()))
     ctx.plan.insert_after(body[end], scatters)
     ctx.note(body[start], "dataset", "changed", f"rank 0 loads {label}; the others get None")
     ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+
+
+Unit = tuple[cst.BaseStatement, set[str]]
+
+
+def _training_run(ctx: FileContext, item: _BlockWork) -> int | None:
+    """Index (in the iterators' block) of the statement that trains: ``trainer.run()``, or a
+    loop after the iterators that steps an optimizer or draws batches."""
+    for index in range(item.first_iterator + 1, len(item.body)):
+        stmt = item.body[index]
+        calls = [c for c in ctx.facts.calls if _inside(ctx, c.stmt, stmt)]
+        if isinstance(stmt, cst.SimpleStatementLine):
+            if any(c.method == "run" and c.receiver is not None for c in calls):
+                return index
+        elif isinstance(stmt, (cst.For, cst.While)):
+            if any(c.method in ("update", "next", "__next__") for c in calls) or any(
+                c.qname in ("next", "builtins.next") for c in calls
+            ):
+                return index
+    return None
+
+
+def _inside(ctx: FileContext, stmt: cst.BaseStatement | None, outer: cst.BaseStatement) -> bool:
+    while stmt is not None:
+        if stmt is outer:
+            return True
+        stmt = ctx.facts.parent_statement(stmt)
+    return False
+
+
+def _plan_tail(ctx: FileContext, item: _BlockWork, comm: str) -> set[str]:
+    """DESIGN §1, "post-training tail": code after training that reads a dataset as if it were
+    whole (sample images from the test set, a final accuracy over it) runs on rank 0, which keeps
+    the whole dataset (the iterators get the shards); the other ranks finish. Returns the
+    datasets the tail reads; a tail that also takes part in collectives is left for a person."""
+    run = _training_run(ctx, item)
+    if run is None:
+        return set()
+    tail = item.body[run + 1 :]
+    wanted = set(item.datasets)
+    start = next((i for i, stmt in enumerate(tail) if names_in([stmt]) & wanted), None)
+    if start is None:
+        return set()
+    rest = tail[start:]
+    read = names_in(rest) & wanted
+    collective = [
+        c
+        for c in ctx.facts.calls
+        if any(_inside(ctx, c.stmt, stmt) for stmt in rest)
+        and (
+            c.method in vocab.COLLECTIVE_METHODS
+            or vocab.is_evaluator(c.qname)
+            or c.method in ("evaluate", "update")
+        )
+    ]
+    if collective:
+        ctx.note(
+            rest[0],
+            "dataset",
+            "needs-person",
+            f"the code after training reads {', '.join(sorted(read))} as if whole and also takes "
+            "part in collectives: compute over the shards on every rank, or move the collective "
+            "out and run the rest on rank 0",
+        )
+        return set()
+    for stmt in rest:
+        if not ctx.plan.is_guarded(stmt) and id(stmt) not in ctx.facts.under_rank0:
+            ctx.plan.guard_stmt(stmt, Guard("rank0"))
+    ctx.note(
+        rest[0],
+        "dataset",
+        "changed",
+        f"the code after training reads the whole {', '.join(sorted(read))}: it runs on rank 0, "
+        "which keeps the whole data (the other ranks finish)",
+    )
+    return read
+
+
+def _is_print(ctx: FileContext, stmt: cst.BaseStatement) -> bool:
+    """A print of the data (rank 0 has it all; the print is guarded to rank 0)."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    small = stmt.body[0]
+    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+        return False
+    fact = ctx.facts.call_of(small.value)
+    return fact is not None and fact.qname in ("print", "builtins.print")
+
+
+def _blocks_of(stmt: cst.BaseStatement) -> list[list[cst.BaseStatement]] | None:
+    """The statement lists of a compound statement (None: not one we look into)."""
+
+    def body(node: cst.BaseSuite) -> list[cst.BaseStatement] | None:
+        return list(node.body) if isinstance(node, cst.IndentedBlock) else None
+
+    found: list[list[cst.BaseStatement] | None] = []
+    if isinstance(stmt, cst.If):
+        found.append(body(stmt.body))
+        orelse = stmt.orelse
+        while isinstance(orelse, cst.If):
+            found.append(body(orelse.body))
+            orelse = orelse.orelse
+        if isinstance(orelse, cst.Else):
+            found.append(body(orelse.body))
+    elif isinstance(stmt, cst.Try):
+        found.append(body(stmt.body))
+        found.extend(body(h.body) for h in stmt.handlers)
+        if stmt.orelse is not None:
+            found.append(body(stmt.orelse.body))
+        if stmt.finalbody is not None:
+            found.append(body(stmt.finalbody.body))
+    elif isinstance(stmt, cst.With):
+        found.append(body(stmt.body))
+    else:
+        return None
+    if any(b is None for b in found):
+        return None
+    return [b for b in found if b is not None]
+
+
+def _header_mentions(stmt: cst.BaseStatement, wanted: set[str]) -> bool:
+    if isinstance(stmt, cst.If):
+        tests: list[cst.CSTNode] = [stmt.test]
+        orelse = stmt.orelse
+        while isinstance(orelse, cst.If):
+            tests.append(orelse.test)
+            orelse = orelse.orelse
+        return bool(names_in(tests) & wanted)
+    if isinstance(stmt, cst.With):
+        return bool(names_in(list(stmt.items)) & wanted)
+    if isinstance(stmt, cst.Try):
+        return bool(names_in([h.type for h in stmt.handlers if h.type is not None]) & wanted)
+    return False
+
+
+def _loading_units(
+    ctx: FileContext, stmts: list[cst.BaseStatement], wanted: set[str], later: set[str]
+) -> list[Unit] | None:
+    """The statements to run on rank 0 alone so that only it loads the datasets: whole
+    statements that do nothing but load, or, inside ``if``/``elif``/``else``, ``try`` and
+    ``with`` blocks that also do other work (``class_labels = 10``), just their loading lines.
+    None when loading cannot be separated (a line reads a dataset, or binds something else the
+    code after it uses)."""
+    units: list[Unit] = []
+    for stmt in stmts:
+        got = _classify(ctx, stmt, wanted, later)
+        if got is None:
+            return None
+        units.extend(got)
+    return units
+
+
+def _classify(
+    ctx: FileContext, stmt: cst.BaseStatement, wanted: set[str], later: set[str]
+) -> list[Unit] | None:
+    mentioned = names_in([stmt]) & wanted
+    if not mentioned:
+        return []  # unrelated: stays on every rank
+    if isinstance(stmt, cst.SimpleStatementLine):
+        bound = assigned_in([stmt])
+        if not bound & wanted:
+            return None  # reads a dataset without loading it
+        if (bound - wanted) & later:
+            return None  # also defines something the code after it needs
+        return [(stmt, bound & wanted)]
+    blocks = _blocks_of(stmt)
+    if blocks is None or _header_mentions(stmt, wanted):
+        return None
+    inner: list[Unit] = []
+    whole = True
+    for block in blocks:
+        got = _loading_units(ctx, block, wanted, later)
+        if got is None:
+            return None
+        inner.extend(got)
+        loading = {id(u[0]) for u in got}
+        whole = whole and all(id(s) in loading for s in block)
+    if whole and inner:
+        return [(stmt, set().union(*(u[1] for u in inner)))]
+    return inner
+
+
+def _runs(ctx: FileContext, units: list[Unit]) -> list[list[Unit]]:
+    """Units next to each other in one block share a guard (and one ``else``)."""
+    runs: list[list[Unit]] = []
+    for unit in units:
+        if runs:
+            prev = runs[-1][-1][0]
+            block = ctx.facts.block_of.get(id(unit[0]))
+            if block is not None and ctx.facts.block_of.get(id(prev)) is block:
+                siblings = list(block.body)
+                if siblings.index(unit[0]) == siblings.index(prev) + 1:
+                    runs[-1].append(unit)
+                    continue
+        runs.append([unit])
+    return runs
 
 
 def _assigned_before(ctx: FileContext, name: str, stmt: cst.BaseStatement) -> bool:

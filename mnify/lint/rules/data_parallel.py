@@ -63,7 +63,8 @@ class DatasetLoadedOnEveryRank(Rule):
 
 class PlainBatchNormalization(Rule):
     """Fires on each ``chainer.links.BatchNormalization(...)`` construction (any import style or
-    alias) in a data-parallel script."""
+    alias) in a data-parallel script that never calls ``create_mnbn_model`` (which converts a
+    built model's BatchNormalization links where the model is built, ChainerMN's way)."""
 
     code = "MN502"
     name = "plain-batch-normalization"
@@ -78,9 +79,20 @@ class PlainBatchNormalization(Rule):
     fixable = True
     applies_to = AppliesTo.DATA_PARALLEL
 
+    def __init__(self, ctx: LintContext) -> None:
+        super().__init__(ctx)
+        self._converted_where_built = False
+
     def visit_Call(self, node: cst.Call) -> None:
-        if N.any_is(self.ctx.callee_names(node), N.is_batch_normalization):
+        names = self.ctx.callee_names(node)
+        if N.any_is(names, N.is_batch_normalization):
             self.report(node)
+        elif N.any_is(names, N.is_mnbn_factory):
+            self._converted_where_built = True
+
+    def finish(self) -> None:
+        if self._converted_where_built:
+            self.findings.clear()
 
 
 class _WrapTracker(Rule):
