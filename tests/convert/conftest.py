@@ -1,8 +1,33 @@
-"""``pytest tests/convert --regen`` rewrites the expected fixture outputs on purpose."""
+"""``pytest tests/convert --regen`` rewrites the expected fixture outputs on purpose.
+
+Also the hypothesis profiles of the converter's property tests (``test_properties.py``):
+``mnify-ci`` (the default) is derandomized, keeps no example database and is sized so all
+property tests together stay within about a minute on a two-core machine (failures are not
+shrunk);
+``MNIFY_HYPOTHESIS_PROFILE=mnify-dev`` draws more, random examples and remembers failures.
+``scripts/hypothesis_long.py`` is the long run.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import Phase, settings
+
+settings.register_profile(
+    "mnify-ci",
+    max_examples=30,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    # a failure is reported as drawn: shrinking one costs minutes (scripts/hypothesis_long.py
+    # shrinks and keeps the minimal examples)
+    phases=(Phase.explicit, Phase.generate),
+)
+settings.register_profile("mnify-dev", max_examples=300, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("MNIFY_HYPOTHESIS_PROFILE", "mnify-ci"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -1,0 +1,191 @@
+#!/usr/bin/env python
+"""Run the converter's property tests with a long budget, outside CI.
+
+Same properties as ``tests/convert/test_properties.py`` (``check_skeleton`` on generated Chainer
+scripts, ``check_arbitrary_program`` on hypothesmith programs), many more examples, and failures
+shrunk to minimal examples. The run goes in chunks with different seeds. A failure is filed
+under a signature (property + message with line numbers and quoted code masked); once a
+signature is filed, later examples failing the same way count as hits of a known failure and
+the search goes on for new ones. Every filed failure is written to ``--failures DIR`` as
+``NN-<property>.py`` (the minimal input) and ``NN-<property>.txt`` (what failed).
+
+    nice -n 19 timeout 3h .venv/bin/python scripts/hypothesis_long.py --examples 50000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import hypothesmith  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+
+from tests.convert.skeletons import Skeleton, skeletons  # noqa: E402
+from tests.convert.test_properties import (  # noqa: E402
+    PropertyFailure,
+    check_arbitrary_program,
+    check_skeleton,
+)
+
+
+def _mask_quoted(match: re.Match[str]) -> str:
+    """Quoted code varies; quoted rule codes (``'MN302'``) tell failures apart and stay."""
+    return match.group(0) if re.fullmatch(r"MN\d{3}", match.group(1)) else "'…'"
+
+
+def signature(prop: str, detail: str) -> str:
+    """The failure with what varies between examples masked (lines, quoted code, names)."""
+    text = re.sub(r"`[^`]*`", "`…`", detail)
+    text = re.sub(r"'([^']*)'", _mask_quoted, text)
+    text = re.sub(r"\b\d+\b", "N", text)
+    return f"{prop}: {text[:300]}"
+
+
+@dataclass
+class Failure:
+    prop: str
+    detail: str
+    source: str
+    hits: int = 1
+
+
+@dataclass
+class Run:
+    """State shared by the chunks: counts, filed failures, the chunk's target signature."""
+
+    tried: int = 0
+    hits: int = 0
+    filed: dict[str, Failure] = field(default_factory=dict)
+    target: str | None = None  # the new signature this chunk is shrinking
+    pending: set[str] = field(default_factory=set)  # new signatures seen while shrinking another
+    last: Failure | None = None
+
+    def judge(self, prop: str, detail: str, source: str) -> None:
+        """Raise for the signature this chunk hunts; count everything else and pass."""
+        sig = signature(prop, detail)
+        if sig in self.filed:
+            self.filed[sig].hits += 1
+            self.hits += 1
+            return
+        if self.target is None:
+            self.target = sig
+        if sig != self.target:
+            self.pending.add(sig)
+            return
+        self.last = Failure(prop, detail, source)
+        raise PropertyFailure(prop, detail)
+
+
+def run_chunk(run: Run, examples: int, chunk_seed: int, arbitrary: bool, shrink: bool) -> None:
+    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
+    config = settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        phases=phases,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
+
+    if arbitrary:
+
+        @seed(chunk_seed)
+        @config
+        @given(hypothesmith.from_grammar())
+        def test(source: str) -> None:
+            run.tried += 1
+            try:
+                check_arbitrary_program(source)
+            except Exception as exc:
+                run.judge("arbitrary-program", f"{type(exc).__name__}: {exc}", source)
+
+    else:
+
+        @seed(chunk_seed)
+        @config
+        @given(skeletons())
+        def test(skeleton: Skeleton) -> None:
+            run.tried += 1
+            try:
+                check_skeleton(skeleton.source)
+            except PropertyFailure as failure:
+                run.judge(failure.prop, failure.detail, skeleton.source)
+
+    run.target, run.last = None, None
+    try:
+        test()
+    except PropertyFailure:
+        # hypothesis replays the minimal example last, so run.last is the shrunk one
+        assert run.target is not None and run.last is not None
+        run.filed[run.target] = run.last
+
+
+def write_failures(run: Run, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = []
+    for n, (sig, failure) in enumerate(run.filed.items(), 1):
+        stem = f"{n:02d}-{failure.prop}"
+        (folder / f"{stem}.py").write_text(failure.source, encoding="utf-8")
+        (folder / f"{stem}.txt").write_text(
+            f"property: {failure.prop}\nsignature: {sig}\nhits: {failure.hits}\n\n{failure.detail}\n",
+            encoding="utf-8",
+        )
+        summary.append({"file": f"{stem}.py", "signature": sig, "hits": failure.hits})
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=50_000, help="examples in all")
+    parser.add_argument("--chunk", type=int, default=200, help="examples per seeded chunk")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first chunk")
+    parser.add_argument(
+        "--arbitrary-share",
+        type=float,
+        default=0.1,
+        help="share of chunks drawing hypothesmith programs instead of Chainer skeletons",
+    )
+    parser.add_argument("--failures", type=Path, default=Path("hypothesis-failures"))
+    parser.add_argument("--no-shrink", action="store_true", help="file failures as drawn")
+    options = parser.parse_args(argv)
+
+    run = Run()
+    start = time.monotonic()
+    chunk = 0
+    every = max(1, round(1 / options.arbitrary_share)) if options.arbitrary_share > 0 else 0
+    while run.tried < options.examples:
+        arbitrary = every > 0 and chunk % every == every - 1
+        size = min(options.chunk, options.examples - run.tried)
+        before = len(run.filed)
+        run_chunk(run, size, options.seed + chunk, arbitrary, not options.no_shrink)
+        chunk += 1
+        write_failures(run, options.failures)
+        new = len(run.filed) - before
+        print(
+            f"chunk {chunk} ({'hypothesmith' if arbitrary else 'skeletons'}): "
+            f"{run.tried} examples tried, {len(run.filed)} failures filed"
+            f"{f' (+{new})' if new else ''}, {run.hits} hits of filed failures, "
+            f"{len(run.pending - run.filed.keys())} seen but not yet shrunk, {time.monotonic() - start:.0f}s",
+            flush=True,
+        )
+    print(
+        f"done: {run.tried} examples tried, {len(run.filed)} distinct failures "
+        f"({run.hits} further hits), {time.monotonic() - start:.0f}s; "
+        f"minimal examples in {options.failures}/"
+    )
+    for sig, failure in run.filed.items():
+        print(f"  [{failure.hits} hits] {sig}")
+    return 1 if run.filed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
