@@ -26,6 +26,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "rules": ("mnify.cli.lint", "rules", "List every rule."),
     "run": ("mnify.cli.run", "run", "Launch a script on N ranks with mpiexec; summarise failures."),
     "doctor": ("mnify.cli.doctor", "doctor", "Report MPI, mpi4py, CuPy, NCCL, CUDA and Chainer."),
+    "timeline": (
+        "mnify.cli.timeline",
+        "timeline",
+        "Merge per-rank timelines into a Chrome trace; report stragglers; plot waiting.",
+    ),
 }
 
 

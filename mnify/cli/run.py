@@ -5,6 +5,7 @@
     mnify run -n 8 --host node1:4,node2:4 --watchdog 120 train_mn.py
     mnify run -n 4 --summary-json verdict.json train_mn.py  # the verdict as data, for CI
     mnify run -n 8 --hostfile hosts --dry-run train_mn.py    # the command, for a batch script
+    mnify run -n 4 --timeline trace.json train_mn.py  # a Chrome trace of every rank; stragglers
 
 Everything after SCRIPT belongs to the script; an option mnify does not know before it is a
 usage error. Exit status: the job's (mpiexec's, or the status of the rank whose early exit
@@ -15,14 +16,17 @@ without launching anything.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 import click
 
+from mnify.launch import timeline_merge
 from mnify.launch.command import LaunchSpec, build_command
 from mnify.launch.diagnosis import JobFacts, diagnose
 from mnify.launch.hosts import (
@@ -34,8 +38,9 @@ from mnify.launch.hosts import (
 )
 from mnify.launch.mpiexec import ENV_MPIEXEC, MpiExecNotFound, describe_mpiexec, find_mpiexec
 from mnify.launch.runner import run_job
-from mnify.launch.verdict import render_text, write_json
+from mnify.launch.verdict import as_data, render_text
 from mnify.runtime import debug
+from mnify.runtime.timeline import ENV_DIR
 
 
 def _fail(message: str) -> NoReturn:
@@ -49,6 +54,14 @@ def _read_hosts(hostfile: str | None, hosts: str | None) -> list[HostSlots] | No
     if hosts is not None:
         return parse_host_list(hosts)
     return None
+
+
+def _write_summary(path: str, data: dict[str, Any]) -> None:
+    """``--summary-json``, written whole (a temporary file, then a rename)."""
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, target)
 
 
 def _exit_status(returncode: int) -> int:
@@ -136,6 +149,14 @@ def _exit_status(returncode: int) -> int:
     metavar="FILE",
     help="Write the verdict (category, culprit ranks, errors, hint) as JSON, also on success.",
 )
+@click.option(
+    "--timeline",
+    "timeline_file",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    metavar="FILE",
+    help="Record every rank's collectives; merge them into a Chrome trace; name stragglers.",
+)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -152,6 +173,7 @@ def run(
     abort_timeout: float,
     exit_timeout: float,
     summary_json: str | None,
+    timeline_file: str | None,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -181,6 +203,10 @@ def run(
             mpiexec = find_mpiexec()
         except MpiExecNotFound as exc:
             _fail(str(exc))
+    timeline_dir = None
+    if timeline_file is not None:
+        timeline_dir = timeline_merge.run_directory(timeline_file)
+        exports = (*exports, f"{ENV_DIR}={timeline_dir}")
     spec = LaunchSpec(
         nprocs=nprocs,
         script=script,
@@ -214,6 +240,11 @@ def run(
         click.echo(command.shell_text())
         return
 
+    if timeline_dir is not None:
+        try:
+            timeline_merge.prepare_run_directory(timeline_dir)
+        except OSError as exc:
+            _fail(f"--timeline {timeline_file}: cannot use {timeline_dir}: {exc}")
     try:
         result = run_job(
             command,
@@ -242,9 +273,15 @@ def run(
         debug=debug.enabled(),
     )
     verdict = diagnose(facts)
+    summary = as_data(verdict)
+    timeline_lines: list[str] = []
+    if timeline_file is not None and timeline_dir is not None:
+        merged = timeline_merge.finish_run(timeline_file, timeline_dir, nprocs)
+        timeline_lines = merged.lines
+        summary["stragglers"] = merged.stragglers
     if summary_json is not None:
         try:
-            write_json(summary_json, verdict)
+            _write_summary(summary_json, summary)
         except OSError as exc:
             click.echo(f"warning: --summary-json {summary_json}: {exc}", err=True)
     if verdict.ok:
@@ -252,7 +289,11 @@ def run(
             if not tb.shown:
                 for line in tb.lines:
                     click.echo(f"[{tb.rank}] {line}" if tag_output else line, err=True)
+        for line in timeline_lines:
+            click.echo(line, err=True)
         sys.exit(0)
     click.echo("", err=True)
     click.echo(render_text(verdict), err=True)
+    for line in timeline_lines:
+        click.echo(line, err=True)
     sys.exit(verdict.exit_status)

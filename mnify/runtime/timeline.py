@@ -191,6 +191,7 @@ class Recorder:
         self._words = memoryview(self._memory).cast("q")
         self._pack = _RECORD.pack_into
         self._ring = HEADER_BYTES + META_BYTES
+        self._ring_word = self._ring // 8
         self.head = 0
         self._meta_used = 0
         self._names: dict[str, int] = {}
@@ -249,7 +250,7 @@ class Recorder:
     # events: the hot path
 
     def open(self, cat: int, name: int, comm: int, seq: int, nbytes: int, aux: int) -> int:
-        """Begin an event now; returns where it lies (for :meth:`close`)."""
+        """Begin an event now; returns its number (for :meth:`close`)."""
         n = self.head
         offset = self._ring + (n % self.capacity) * RECORD_BYTES
         self._pack(
@@ -258,23 +259,28 @@ class Recorder:
         )  # fmt: skip
         self.head = n + 1
         self._words[_H_HEAD] = n + 1
-        return offset >> 3
+        return n + 1
 
-    def close(self, at: int) -> None:
-        """End the event at ``at`` now (unless the ring has overwritten it since)."""
-        words = self._words
-        if words[at] > self.head - self.capacity:
-            words[at + _R_END] = self.now()
+    def _word(self, number: int, index: int) -> int:
+        """Where word ``index`` of event ``number`` lies; -1 once the ring has reused its slot."""
+        at = self._ring_word + ((number - 1) % self.capacity) * RECORD_WORDS
+        return at + index if self._words[at] == number else -1
 
-    def flag(self, at: int, flags: int) -> None:
-        words = self._words
-        if words[at] > self.head - self.capacity:
-            words[at + _R_FLAGS] |= flags
+    def close(self, number: int) -> None:
+        """End event ``number`` now (unless the ring has overwritten it since)."""
+        at = self._word(number, _R_END)
+        if at >= 0:
+            self._words[at] = self.now()
 
-    def set_bytes(self, at: int, nbytes: int) -> None:
-        words = self._words
-        if words[at] > self.head - self.capacity:
-            words[at + _R_BYTES] = nbytes
+    def flag(self, number: int, flags: int) -> None:
+        at = self._word(number, _R_FLAGS)
+        if at >= 0:
+            self._words[at] |= flags
+
+    def set_bytes(self, number: int, nbytes: int) -> None:
+        at = self._word(number, _R_BYTES)
+        if at >= 0:
+            self._words[at] = nbytes
 
     def add(
         self,

@@ -1,0 +1,115 @@
+"""The straggler rule on traces built here: who is named, who is not, and the report's shape."""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+import pytest
+
+from mnify.launch import stragglers as st
+
+
+def trace(
+    n_ranks: int,
+    n_collectives: int,
+    late: dict[int, float] | None = None,
+    *,
+    step_ms: float = 40.0,
+    jitter_ms: float = 0.0,
+    seed: int = 0,
+    drop: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """One mean-grad per step, every ``step_ms``; rank r arrives ``late[r]`` ms late (plus
+    uniform jitter); ``drop=(rank, seq)`` leaves that rank out of that collective."""
+    rng = random.Random(seed)
+    late = late or {}
+    events: list[dict[str, Any]] = []
+    for k in range(n_collectives):
+        base = k * step_ms
+        for r in range(n_ranks):
+            events.append(
+                {"name": "update", "cat": "update", "ph": "X", "ts": base * 1e3, "dur": 1.0,
+                 "pid": r, "tid": 0, "args": {"step": k}}
+            )  # fmt: skip
+            if drop == (r, k + 1):
+                continue
+            ts = base + 5 + late.get(r, 0.0) + rng.uniform(0, jitter_ms)
+            events.append(
+                {"name": "multi_node_mean_grad", "cat": "collective", "ph": "X", "ts": ts * 1e3,
+                 "dur": 100.0, "pid": r, "tid": 0,
+                 "args": {"step": k, "comm": "w.0", "seq": k + 1}}
+            )  # fmt: skip
+    info = {"communicators": {"w.0": {"size": n_ranks, "class": "flat"}}, "size": n_ranks}
+    return {"traceEvents": events, "otherData": {"mnify": info}}
+
+
+def test_a_rank_late_at_every_collective_is_named() -> None:
+    report = st.analyze(trace(3, 30, {2: 30.0}, jitter_ms=2.0))
+    assert [s.rank for s in report.stragglers] == [2]
+    (s,) = report.stragglers
+    assert s.collectives == 30 and s.late_fraction == 1.0
+    assert 28.0 <= s.mean_late_ms <= 32.0
+    assert report.median_step_ms == pytest.approx(40.0) and report.threshold_ms == 5.0
+    assert st.as_data(report) == [
+        {"rank": 2, "late_fraction": 1.0, "mean_late_ms": round(s.mean_late_ms, 3)}
+    ]
+    line = st.straggler_line(s)
+    assert re.fullmatch(
+        r"mnify run: straggler: rank 2 arrived last at 100% of collectives, \d+\.\d ms late on average",
+        line,
+    )
+
+
+@pytest.mark.parametrize("n_ranks", [2, 3, 5])
+@pytest.mark.parametrize("seed", range(5))
+def test_a_quiet_job_names_nobody(n_ranks: int, seed: int) -> None:
+    report = st.analyze(trace(n_ranks, 60, jitter_ms=20.0, seed=seed))
+    assert report.stragglers == [] and report.collectives == 60
+
+
+def test_too_few_collectives_name_nobody() -> None:
+    assert st.analyze(trace(3, 19, {1: 30.0})).stragglers == []
+    assert [s.rank for s in st.analyze(trace(3, 20, {1: 30.0})).stragglers] == [1]
+
+
+def test_last_but_by_too_little_is_not_a_straggler() -> None:
+    # last every time, but only 3 ms late: under the 5 ms floor
+    assert st.analyze(trace(3, 40, {0: 3.0})).stragglers == []
+    # long steps raise the bar to 5% of the median step: 20 ms at 400 ms a step
+    slow_steps = st.analyze(trace(3, 40, {0: 15.0}, step_ms=400.0))
+    assert slow_steps.threshold_ms == pytest.approx(20.0) and slow_steps.stragglers == []
+    assert [s.rank for s in st.analyze(trace(3, 40, {0: 25.0}, step_ms=400.0)).stragglers] == [0]
+
+
+def test_late_but_rarely_last_is_not_a_straggler() -> None:
+    # rank 1 is 40 ms late at a third of the collectives: mean lateness high, last too rarely
+    t = trace(3, 60)
+    for ev in t["traceEvents"]:
+        if ev["cat"] == "collective" and ev["pid"] == 1 and ev["args"]["seq"] % 3 == 0:
+            ev["ts"] += 40e3 * 3  # 120 ms late, every third time
+    (rank1,) = [r for r in st.analyze(t).ranks if r.rank == 1]
+    assert rank1.mean_late_ms >= 5.0 and rank1.late_fraction < 0.5
+    assert st.analyze(t).stragglers == []
+
+
+def test_incomplete_collectives_are_not_compared() -> None:
+    t = trace(3, 25, {2: 30.0}, drop=(0, 4))
+    report = st.analyze(t)
+    assert report.collectives == 24 and [s.rank for s in report.stragglers] == [2]
+    assert st.analyze(trace(3, 25, {2: 30.0}, drop=(0, 4))).ranks[0].collectives == 24
+
+
+def test_waiting_per_step_is_the_wait_for_the_last_rank() -> None:
+    waiting = st.waiting_per_step(trace(3, 4, {2: 30.0}))
+    assert set(waiting) == {0, 1, 2}
+    assert waiting[0] == pytest.approx({0: 30.0, 1: 30.0, 2: 30.0, 3: 30.0})
+    assert waiting[2] == pytest.approx({0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0})
+
+
+def test_render_names_the_straggler_or_says_none() -> None:
+    named = st.render(st.analyze(trace(3, 30, {1: 30.0})))
+    assert named[-1].startswith("mnify timeline: straggler: rank 1 arrived last at 100%")
+    quiet = st.render(st.analyze(trace(3, 30)))
+    assert quiet[-1] == "mnify timeline: no straggler" and len(quiet) == 1 + 1 + 3 + 1
