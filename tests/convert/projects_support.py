@@ -95,6 +95,26 @@ def convert(sources: dict[str, str], options: ConvertOptions | None = None) -> d
     return out
 
 
+def convert_elsewhere(project: Project, hash_seed: int) -> dict[str, str]:
+    """:func:`convert` in a fresh interpreter with another string-hash seed (determinism)."""
+    code = (
+        "import json, sys\n"
+        "from tests.convert.projects_support import convert, load_projects\n"
+        "project = next(p for p in load_projects() if p.name == sys.argv[1])\n"
+        "print(json.dumps(convert(project.sources())))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, project.name],
+        env=mpi_env({"PYTHONHASHSEED": str(hash_seed)}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    out: dict[str, str] = json.loads(run.stdout)
+    return out
+
+
 def install(project: Project, outputs: dict[str, str], where: Path) -> Path:
     """Copy the project (configs, data) to ``where`` with its .py files replaced by ``outputs``."""
     shutil.copytree(project.root, where, ignore=_IGNORE)

@@ -24,6 +24,7 @@ import pytest
 from tests.convert.projects_support import (
     Project,
     convert,
+    convert_elsewhere,
     files_under,
     install,
     load_projects,
@@ -44,31 +45,13 @@ CONVERT_FAILURES: dict[str, str] = {}
 # writes, the tail runs twice, a deadlock, training that is not data parallel); the first
 # failure the run hits comes first, with the issue 12 pattern number
 E2E_FAILURES: dict[str, str] = {
-    "chem_regression": "converter: pattern 8, args come from a parse_arguments() helper: no "
-    "communicator is created and main() gets a keyword-only comm its __main__ call never passes "
-    "(TypeError); the pickle/json writes after training are unguarded",
-    "config_classifier": "converter: pattern 1, ResNetMini.__init__ gains a keyword-only comm but "
-    "the model is built by getattr(models, name)(**args) without it (TypeError); rank 1 also "
-    "creates the result dir and copies the config; the optimizer built by name is not multi-node",
-    "detection_map": "converter: pattern 8, --gpu-device is not read as the device flag, so "
-    "create_communicator('pure_nccl') runs on CPU ranks; test is scattered before it is assigned",
-    "gan_resblocks": "converter: pattern 1, the generator built by getattr(module, name)(**args) "
-    "misses the new keyword-only comm (TypeError); dis_models.resblocks.Block is passed comm as if "
-    "it were gen_models.resblocks.Block",
-    "helper_trainer": "converter: patterns 7/8, args come from get_args(): no communicator is "
-    "created and main() gets a keyword-only comm its __main__ call never passes (TypeError)",
-    "ptb_lm": "converter: pattern 4, the token arrays read by ParallelSequentialIterator are not "
-    "scattered (and not reported): both ranks train on the same data, not data parallel",
-    "segmentation_miou": "converter: pattern 2, np.save and open(..., 'w') after trainer.run() are "
-    "not guarded: rank 1 writes test_pred_labels.npy and test_result.json",
-    "seq2seq_bleu": "converter: pattern 2, open(..., 'w') after trainer.run() is not guarded: "
-    "rank 1 writes translations.txt",
-    "vae_loop": "converter: pattern 2, pickle.dump (open 'wb') and np.save after the training loop "
-    "are not guarded: rank 1 writes history.pkl and test_reconstructed.npy",
-    "video_action": "converter: pattern 8, the --gpus list is not read as the device flag, so "
-    "create_communicator('pure_nccl') runs on CPU ranks",
-    "word2vec_window": "converter: pattern 5, the evaluator over WindowIterator (no reset()) is "
-    "wrapped multi-node and the wrapper calls reset() (AttributeError); the corpus is not scattered",
+    "config_classifier": "converter: pattern 4, train is scattered but BalancedSerialIterator "
+    "still gets the labels of the whole set (IndexError); pattern 1, the optimizer built by "
+    "getattr(chainer.optimizers, name)(**args) is not made multi-node, and the model built by "
+    "name keeps plain BatchNormalization",
+    "helper_trainer": "converter: pattern 7, training inside lib.run_train(model, train, test, "
+    "args) is only reported: no multi-node optimizer, no scatter, and rank 1 writes log, "
+    "loss_history.json and model_epoch_2 (not data parallel)",
 }
 
 
@@ -117,6 +100,7 @@ def test_project_converts_cleanly(project: Project) -> None:
         assert first[entry] != sources[entry], "the entry point was not converted"
     assert convert(first) == first, "converting the output again changed it"
     assert convert(sources) == first, "two conversions of the same input differ"
+    assert convert_elsewhere(project, hash_seed=12345) == first, "output depends on hash seed"
 
 
 @pytest.mark.parametrize("project", PROJECTS, ids=[p.name for p in PROJECTS])
