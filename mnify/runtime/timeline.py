@@ -421,7 +421,8 @@ class DeviceSpans:
 
 # -- the process's recorder and the hooks -------------------------------------------------------
 
-_recorder: Recorder | None = None
+_recorder: Recorder | None = None  # recording: a communicator's ranks all agreed to
+_made: Recorder | None = None  # the file, made before the ranks compared notes
 _kernels_wrapped = False
 _comm_keys: dict[str, int] = {}  # communicators made so far per set of world ranks
 _comm_count = 0
@@ -453,13 +454,13 @@ def update_ends() -> None:
         rec.update_ends()
 
 
-def _start(directory: str, rank: int, size: int, host: str) -> Recorder | None:
-    """Make this process's recorder (once); None, with a warning, if the file cannot be made."""
-    global _recorder
-    if _recorder is not None:
-        return _recorder
+def _make(directory: str, rank: int, size: int, host: str) -> Recorder | None:
+    """Make this process's timeline file (once); None, with a warning, if it cannot be made."""
+    global _made
+    if _made is not None:
+        return _made
     try:
-        _recorder = Recorder(
+        _made = Recorder(
             rank_file(directory, rank), rank=rank, size=size, host=host,
             capacity=capacity_from_env(),
         )  # fmt: skip
@@ -467,12 +468,12 @@ def _start(directory: str, rank: int, size: int, host: str) -> Recorder | None:
         sys.stderr.write(f"mnify: {ENV_DIR}={directory}: cannot record the timeline: {exc}\n")
         return None
     atexit.register(_finish)
-    return _recorder
+    return _made
 
 
 def _finish() -> None:
-    if _recorder is not None:
-        _recorder.finish()
+    if _made is not None:
+        _made.finish()
 
 
 def attach(comm: Any) -> bool:
@@ -488,9 +489,7 @@ def attach(comm: Any) -> bool:
     rec = None
     if want:
         world = MPI.COMM_WORLD
-        rec = _start(
-            os.environ[ENV_DIR].strip(), world.Get_rank(), world.Get_size(), comm.host_name
-        )
+        rec = _make(os.environ[ENV_DIR].strip(), world.Get_rank(), world.Get_size(), comm.host_name)
     votes = np.array([int(want), int(rec is not None)], dtype=np.int64)
     mpi_comm.Allreduce(MPI.IN_PLACE, votes, op=MPI.SUM)
     size = mpi_comm.Get_size()
@@ -503,6 +502,8 @@ def attach(comm: Any) -> bool:
             )
         return False
     assert rec is not None
+    global _recorder
+    _recorder = rec
     comm_id, members = _register(rec, comm, mpi_comm)
     _sync_clock(rec, mpi_comm, comm_id, members[0])
     _wrap_communicator(rec, comm, comm_id)

@@ -1,11 +1,11 @@
 """A tiny data-parallel training loop for the timeline tests (run under ``mnify run`` or mpiexec).
 
     train.py [--steps N] [--slow-rank R --sleep-ms MS] [--fail-at STEP] [--kill-at STEP]
-             [--skew-ms MS] [--communicator NAME]
+             [--hang-at STEP] [--skew-ms MS] [--communicator NAME]
 
 ``--slow-rank R`` sleeps MS milliseconds on rank R before each update (a straggler).
 ``--fail-at`` raises on rank 1 at that step; ``--kill-at`` SIGKILLs rank 1 there (a job that
-fails mid-way). ``--skew-ms`` shifts rank r's timeline clock by r * MS (plus a sign flip on odd
+fails mid-way); ``--hang-at`` makes rank 1 sleep for two minutes there (the watchdog's case). ``--skew-ms`` shifts rank r's timeline clock by r * MS (plus a sign flip on odd
 ranks) to test that the merge removes clock offsets. Prints ``DONE`` on each rank at the end.
 """
 
@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--sleep-ms", type=float, default=0.0)
     p.add_argument("--fail-at", type=int, default=-1)
     p.add_argument("--kill-at", type=int, default=-1)
+    p.add_argument("--hang-at", type=int, default=-1)
     p.add_argument("--skew-ms", type=float, default=0.0)
     p.add_argument("--communicator", default="flat")
     args = p.parse_args()
@@ -55,6 +56,8 @@ def main() -> None:
             raise RuntimeError(f"failing on purpose at step {step}")
         if comm.rank == 1 and step == args.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
+        if comm.rank == 1 and step == args.hang_at:
+            time.sleep(120)
         if comm.rank == args.slow_rank:
             time.sleep(args.sleep_ms / 1e3)
         opt.update(model, x, t)
