@@ -465,6 +465,9 @@ KNOWN_ROOTS = ("chainer", "chainermn", "mnify")
 CHAINERMN_ITERATORS_MODULE = "chainermn.iterators"
 
 
+OPTIMIZERS_MODULE = "chainer.optimizers"
+
+
 def is_chainer_name(qname: str) -> bool:
     """Defined by Chainer itself (not by the user or another library)."""
     return under(qname, "chainer")
@@ -521,6 +524,65 @@ def is_extension_base(qname: str) -> bool:
 
 def is_image_factory(qname: str) -> bool:
     return qname in IMAGE_FACTORIES
+
+
+# ------------------------------------------------------------------------- evaluators
+# (issue 12, pattern 5; owned by the evaluator rewrite, mnify/rewrites/evaluator.py)
+# Evaluators of other libraries whose metric is computed over the whole test set at once
+# (detection mAP, segmentation mIoU, ROC-AUC, R^2): a mean of per-shard values is wrong, so
+# the converter gathers them, as it does the user's Evaluator subclasses that override
+# ``evaluate`` (package -> class names, any submodule spelling).
+WHOLE_SET_EVALUATORS: dict[str, frozenset[str]] = {
+    "chainercv.extensions": frozenset(
+        {
+            "DetectionVOCEvaluator",
+            "DetectionCOCOEvaluator",
+            "SemanticSegmentationEvaluator",
+            "InstanceSegmentationVOCEvaluator",
+            "InstanceSegmentationCOCOEvaluator",
+        }
+    ),
+    "chainer_chemistry.training.extensions": frozenset(
+        {"BatchEvaluator", "ROCAUCEvaluator", "PRCAUCEvaluator", "R2ScoreEvaluator"}
+    ),
+}
+# The method whose override makes an Evaluator subclass compute its own metric.
+EVALUATE_METHOD = "evaluate"
+# create_multi_node_evaluator's keyword (mnify only) that gathers instead of averaging.
+GATHER_KEYWORD = "gather"
+# ChainerMN 7's evaluator for metrics that are not means (calc_local / aggregate).
+GENERIC_EVALUATOR_CLASSES = _multi_node(
+    "GenericMultiNodeEvaluator",
+    "extensions.GenericMultiNodeEvaluator",
+    "extensions.generic_evaluator.GenericMultiNodeEvaluator",
+    "extensions.multi_node_evaluator.GenericMultiNodeEvaluator",
+)
+
+
+def is_whole_set_evaluator(qname: str) -> bool:
+    """A library evaluator whose metric is not a mean over batches (``DetectionVOCEvaluator``)."""
+    bare = qname.lstrip(".")
+    return any(
+        under(bare, package) and last(bare) in names
+        for package, names in WHOLE_SET_EVALUATORS.items()
+    )
+
+
+def is_evaluator_class(qname: str) -> bool:
+    """Chainer's Evaluator or a library evaluator built on it (a base for user subclasses)."""
+    return is_evaluator(qname) or is_whole_set_evaluator(qname)
+
+
+def is_generic_multi_node_evaluator(qname: str) -> bool:
+    return qname.lstrip(".") in GENERIC_EVALUATOR_CLASSES
+
+
+def is_mnify_runtime_name(qname: str) -> bool:
+    """A name of mnify's runtime (which has what ChainerMN lacks, e.g. ``gather=True``)."""
+    return under(qname.lstrip("."), "mnify.runtime")
+
+
+# ------------------------------------------------------------------------- end of evaluators
 
 
 # ------------------------------------------------------------------------- multi-node runtime

@@ -20,7 +20,7 @@ import libcst as cst
 
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext, Lift, LiftKind
-from mnify.rewrites.edits import Guard
+from mnify.rewrites.edits import Guard, statement
 from mnify.rewrites.facts import CallFact
 from mnify.rewrites.optimizer import wrap_call
 
@@ -131,6 +131,10 @@ def plan_project(contexts: Mapping[str, FileContext]) -> None:
                     scope = ctx.outermost_scope(call.func)
                     if scope is None:
                         continue
+                    if isinstance(scope, cst.FunctionDef) and not (
+                        scope is call.func and ctx.returns_value_of(scope, call.node)
+                    ):
+                        continue  # the helper does not hand the object back: nothing to wrap
                     key = (ctx.module_name, scope.name.value, lift.kind)
                     if key not in known:
                         known.add(key)
@@ -142,6 +146,110 @@ def plan_project(contexts: Mapping[str, FileContext]) -> None:
         lifts.extend(grown)
     for ctx in contexts.values():
         _apply(ctx, lifts)
+    has_batchnorm = any(lift.kind == "mnbn" for lift in lifts) or any(
+        vocab.is_batch_normalization(c.qname) for ctx in contexts.values() for c in ctx.facts.calls
+    )
+    for ctx in contexts.values():
+        if ctx.options.data_parallel:
+            _optimizers_built_by_name(ctx)
+            if has_batchnorm:
+                _models_built_elsewhere(ctx, lifts)
+
+
+def _names_module(ctx: FileContext, expr: cst.BaseExpression, module: str) -> bool:
+    """``expr`` names the module ``module`` (``chainer.optimizers``, ``O`` imported as it)."""
+    if isinstance(expr, cst.Name):
+        return ctx.facts.imported_modules.get(expr.value) == module
+    if isinstance(expr, cst.Attribute):
+        return ctx.code(expr) == module or (
+            isinstance(expr.value, cst.Name)
+            and ctx.facts.imported_modules.get(expr.value.value, "") + "." + expr.attr.value
+            == module
+        )
+    return False
+
+
+def _optimizers_built_by_name(ctx: FileContext) -> None:
+    """``build(config['optimizer'], chainer.optimizers)``: a helper handed Chainer's optimizer
+    module returns an optimizer it built by name; it is wrapped where the entry point calls it."""
+    name = ctx.spell.top("create_multi_node_optimizer")
+    for call in ctx.facts.calls:
+        if not ctx.visible(call.func) or call.stmt is None:
+            continue
+        if not any(_names_module(ctx, a.value, vocab.OPTIMIZERS_MODULE) for a in call.node.args):
+            continue
+        if vocab.is_multi_node_optimizer_factory(call.parent_qname) or ctx.suppressed(
+            call.node, "optimizer"
+        ):
+            continue
+        comm = ctx.comm_at(call.func, "optimizer")
+        if comm is None:
+            continue
+        ctx.use_runtime()
+        ctx.plan.replace_node(call.node, wrap_call(name, comm), call.stmt)
+        ctx.note(
+            call.node,
+            "optimizer",
+            "changed",
+            f"an optimizer built by name: {name}({ctx.code(call.node.func)}(...), {comm})",
+        )
+
+
+def _models_built_elsewhere(ctx: FileContext, lifts: list[Lift]) -> None:
+    """Models the entry point gets from a config, ``getattr(module, name)(...)`` or a helper that
+    returns several (``gen, dis = load_models(config)``), in a project that holds
+    BatchNormalization: converted right after they are bound, ``gen = create_mnbn_model(gen,
+    comm)`` (harmless on a model without BatchNormalization). A model is what an optimizer is set
+    up with, or what a helper that builds an optimizer is given."""
+    optimizer_helpers = {lift.name for lift in lifts if lift.kind == "optimizer"}
+    models: set[str] = set()
+    for call in ctx.facts.calls:
+        if not ctx.visible(call.func) or not call.node.args:
+            continue
+        first = call.node.args[0].value
+        if not isinstance(first, cst.Name):
+            continue
+        bare = call.qname.lstrip(".")
+        if call.method == "setup" or vocab.last(bare) in optimizer_helpers:
+            models.add(first.value)
+    wrap = ctx.spell.links("create_mnbn_model")
+    pending = sorted(models)
+    while pending:
+        name = pending.pop(0)
+        assigns = [a for a in ctx.facts.assigns_of(name) if ctx.visible(a.func)]
+        if len(assigns) != 1 or assigns[0].stmt is None:
+            continue
+        fact = ctx.facts.call_of(assigns[0].value)
+        if fact is None:
+            continue  # bound to a name or an expression we do not know: leave it
+        inner = fact.node.args[0].value if fact.node.args else None
+        if vocab.is_chainer_name(fact.qname) and isinstance(inner, cst.Name):
+            pending.append(inner.value)  # model = L.Classifier(predictor): look at predictor
+            continue
+        if _already_wrapped(ctx, fact, "mnbn") or vocab.is_mnbn_factory(fact.qname):
+            continue
+        if any(_matches(ctx, fact, lift) for lift in lifts if lift.kind == "mnbn"):
+            continue  # its construction is wrapped already
+        if vocab.is_chainer_name(fact.qname) and not vocab.is_library_bn_model(fact.qname):
+            # a Chainer link: only a wrapper (L.Classifier(build(...))) of a model built elsewhere
+            inner = fact.node.args[0].value if fact.node.args else None
+            inner_fact = ctx.facts.call_of(inner)
+            if inner_fact is None or vocab.is_chainer_name(inner_fact.qname):
+                continue
+        if ctx.plan.nodes.get(id(fact.node)) is not None or ctx.suppressed(fact.node, "batchnorm"):
+            continue
+        comm = ctx.comm_at(assigns[0].func, "create_mnbn_model")
+        if comm is None:
+            continue
+        ctx.use_runtime()
+        ctx.plan.insert_after(assigns[0].stmt, [statement(f"{name} = {wrap}({name}, {comm})\n")])
+        ctx.note(
+            fact.node,
+            "batchnorm",
+            "changed",
+            f"{name} is built where mnify cannot see its class (by name or by a helper): "
+            f"{name} = {wrap}({name}, {comm}) converts its BatchNormalization",
+        )
 
 
 def _apply(ctx: FileContext, lifts: list[Lift]) -> None:

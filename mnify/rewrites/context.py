@@ -213,6 +213,33 @@ class FileContext:
             return self.entry.comm
         return None
 
+    def returns_value_of(self, func: cst.FunctionDef, call: cst.Call) -> bool:
+        """Whether the helper ``func`` returns what ``call`` built (``return Adam()``, or
+        ``opt = Adam(); ...; return opt``), so wrapping the helper's result wraps that object."""
+        bound = {
+            name
+            for a in self.facts.assigns
+            if a.value is call and a.func is func
+            for name in a.targets
+        }
+        found = False
+
+        class _Returns(cst.CSTVisitor):
+            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+                return node is func  # returns of nested functions are theirs
+
+            def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+                return False
+
+            def visit_Return(self, node: cst.Return) -> None:
+                nonlocal found
+                value = node.value
+                if value is call or (isinstance(value, cst.Name) and value.value in bound):
+                    found = True
+
+        func.visit(_Returns())
+        return found
+
     def outermost_scope(
         self, func: cst.FunctionDef | None
     ) -> cst.FunctionDef | cst.ClassDef | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
+from mnify import vocabulary as vocab
 from mnify.lint import (
     ALL_RULES,
     Diagnostic,
@@ -30,7 +31,7 @@ from mnify.lint import (
 from mnify.lint.noqa import parse_suppressions
 from mnify.rewrites import call_sites, communicator, distributed, imports
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.edits import ApplyEdits
+from mnify.rewrites.edits import ApplyEdits, EditPlan
 from mnify.rewrites.facts import FactCollector
 from mnify.rewrites.options import ConvertOptions
 from mnify.rewrites.registry import fixable_codes, load_rewrites
@@ -308,6 +309,7 @@ def _convert_project(
             results[path].error = f"internal: 1: error while planning: {exc!r}"
             del contexts[path]
     call_sites.plan_project(contexts)
+    _leave_alone_if_nothing_is_parallel(contexts)
     for path in sources:
         if path not in contexts and progress is not None:
             progress(path)
@@ -320,6 +322,64 @@ def _convert_project(
         except Exception as exc:
             result.error = f"internal: 1: error while converting: {exc!r}"
     return results
+
+
+def _leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> None:
+    """Issue 12, pattern 7: when training happens where the communicator cannot reach (inside a
+    library helper, or in code outside the converted files), no optimizer becomes multi-node and
+    a converted script would only look parallel. Then nothing is changed and the report says
+    plainly why and what to do."""
+    if not contexts or not all(ctx.options.data_parallel for ctx in contexts.values()):
+        return
+    entries = [e for ctx in contexts.values() for e in ctx.entries]
+    if any(e.step == "optimizer" and e.severity == "changed" for e in entries):
+        return
+    stranded = [e for e in entries if e.step == "optimizer" and e.severity == "needs-person"]
+    trains = any(ctx.entry is not None and ctx.comm_needed for ctx in contexts.values())
+    if not stranded and not trains:
+        return
+    built = [
+        (ctx, c)
+        for ctx in contexts.values()
+        for c in ctx.facts.calls
+        if vocab.is_optimizer(c.qname)
+    ]
+    if stranded:
+        where = (
+            f"the optimizer is built at {stranded[0].path}:{stranded[0].line}, where the "
+            "communicator is not in scope"
+        )
+    elif built:
+        ctx0, call0 = built[0]
+        where = (
+            f"the optimizer is built at {ctx0.path}:{ctx0.line(call0.node)} inside training "
+            "code the entry point calls, which does not hand it back (a library-style helper)"
+        )
+    else:
+        where = (
+            "no optimizer is built in the converted files: training happens in code that was "
+            "not converted (a library helper)"
+        )
+    for ctx in contexts.values():
+        ctx.plan = EditPlan(comm=ctx.plan.comm)
+        ctx.comm_needed = False
+        ctx.imports_needed.clear()
+        ctx.preamble = []
+        ctx.entries = [e for e in ctx.entries if e.severity == "needs-person" and e.step == "lint"]
+    first = next(iter(contexts.values()))
+    first.entries.append(
+        ReportEntry(
+            first.path,
+            1,
+            "optimizer",
+            "needs-person",
+            f"nothing was parallelised: {where}. Pass a communicator into the code that trains "
+            "(create it where the script starts, hand it down) and wrap its optimizer with "
+            "create_multi_node_optimizer and its datasets with scatter_dataset there, or convert "
+            "that code too; a script that only looked converted would train N identical copies",
+            "MN503",
+        )
+    )
 
 
 def _plan_file(ctx: FileContext) -> None:

@@ -39,10 +39,15 @@ def plan(ctx: FileContext) -> None:
         comm = ctx.comm_at(call.func, vocab.last(call.qname))
         if comm is None:
             scope = ctx.outermost_scope(call.func)
-            if isinstance(scope, cst.FunctionDef) and ctx.lift(
-                call.func, "optimizer", f"a {vocab.last(call.qname)} optimizer", call.node
+            if (
+                isinstance(scope, cst.FunctionDef)
+                and scope is call.func
+                and ctx.returns_value_of(scope, call.node)
+                and ctx.lift(
+                    call.func, "optimizer", f"a {vocab.last(call.qname)} optimizer", call.node
+                )
             ):
-                continue  # wrapped where the helper is called (call_sites)
+                continue  # the helper returns it: wrapped where the helper is called (call_sites)
             ctx.note(
                 call.node,
                 "optimizer",

@@ -1,0 +1,206 @@
+"""Issue 12: how researchers' code is converted (asserted on the output's AST and the report)."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+from mnify.rewrites import convert_source, convert_sources
+
+HEAD = textwrap.dedent(
+    """\
+    import argparse
+
+    import chainer
+    import chainer.links as L
+    from chainer import training
+    from chainer.training import extensions
+    """
+)
+
+
+def _main(text: str) -> list[str]:
+    tree = ast.parse(text)
+    main = next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "main")
+    return [ast.unparse(s) for s in main.body]
+
+
+def test_training_inside_a_helper_that_keeps_its_optimizer_is_left_alone_and_said() -> None:
+    lib = textwrap.dedent(
+        """\
+        import chainer
+        from chainer import training
+
+
+        def make_optimizer(model):
+            optimizer = chainer.optimizers.Adam()
+            optimizer.setup(model)
+            return optimizer
+
+
+        def run_train(model, train):
+            optimizer = make_optimizer(model)
+            it = chainer.iterators.SerialIterator(train, 8)
+            trainer = training.Trainer(training.StandardUpdater(it, optimizer), (1, 'epoch'))
+            trainer.run()
+        """
+    )
+    train = HEAD + textwrap.dedent(
+        """\
+        from lib import run_train
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            train, test = chainer.datasets.get_mnist()
+            print('training')
+            run_train(L.Classifier(L.Linear(None, 10)), train)
+        """
+    )
+    results = convert_sources({"p/train.py": train, "p/lib.py": lib})
+    assert all(r.error is None and not r.changed for r in results)
+    notes = [e for r in results for e in r.entries if e.severity == "needs-person"]
+    assert any(e.message.startswith("nothing was parallelised") for e in notes)
+
+
+def test_models_and_optimizers_built_by_name_are_converted_where_bound() -> None:
+    models = textwrap.dedent(
+        """\
+        import chainer
+        import chainer.links as L
+
+
+        class Net(chainer.Chain):
+            def __init__(self, n):
+                super().__init__()
+                with self.init_scope():
+                    self.l = L.Linear(None, n)
+                    self.bn = L.BatchNormalization(n)
+
+            def forward(self, x):
+                return self.bn(self.l(x))
+        """
+    )
+    train = HEAD + textwrap.dedent(
+        """\
+        import models
+
+
+        def build(conf, namespace):
+            return getattr(namespace, conf['name'])(**conf.get('args', {}))
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            config = {'model': {'name': 'Net', 'args': {'n': 3}}, 'optimizer': {'name': 'SGD'}}
+            predictor = build(config['model'], models)
+            model = L.Classifier(predictor)
+            optimizer = build(config['optimizer'], chainer.optimizers)
+            optimizer.setup(model)
+            train, _ = chainer.datasets.get_mnist()
+            it = chainer.iterators.SerialIterator(train, 8)
+            trainer = training.Trainer(training.StandardUpdater(it, optimizer), (1, 'epoch'))
+            trainer.run()
+        """
+    )
+    results = convert_sources({"p/train.py": train, "p/models.py": models})
+    assert [r.error for r in results] == [None, None]
+    by_path = {r.path: r for r in results}
+    assert not by_path["p/models.py"].changed  # the class keeps its signature and its BN
+    body = _main(by_path["p/train.py"].output or "")
+    assert "predictor = mn.links.create_mnbn_model(predictor, comm)" in body
+    assert (
+        "optimizer = mn.create_multi_node_optimizer(build(config['optimizer'], chainer.optimizers), comm)"
+        in body
+    )
+
+
+def test_a_user_iterator_gets_a_contiguous_shard() -> None:
+    source = HEAD + textwrap.dedent(
+        """\
+        from iterators import WindowIterator
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            corpus = chainer.datasets.get_ptb_words()[0]
+            model = L.Classifier(L.Linear(None, 10))
+            optimizer = chainer.optimizers.SGD()
+            optimizer.setup(model)
+            train_iter = WindowIterator(corpus, 5, 32)
+            trainer = training.Trainer(training.StandardUpdater(train_iter, optimizer), (1, 'epoch'))
+            trainer.run()
+        """
+    )
+    result = convert_source(source)
+    assert result.error is None
+    body = _main(result.output or "")
+    assert "corpus = mn.scatter_dataset(corpus, comm)" in body  # no shuffle: contiguous
+
+
+def test_loading_in_an_if_elif_chain_runs_on_rank_0_but_the_rest_everywhere() -> None:
+    source = HEAD + textwrap.dedent(
+        """\
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument('--dataset', default='cifar10')
+            args = parser.parse_args()
+            if args.dataset == 'cifar10':
+                class_labels = 10
+                train, test = chainer.datasets.get_cifar10()
+            else:
+                class_labels = 100
+                train, test = chainer.datasets.get_cifar100()
+            model = L.Classifier(L.Linear(None, class_labels))
+            optimizer = chainer.optimizers.SGD()
+            optimizer.setup(model)
+            it = chainer.iterators.SerialIterator(train, 8)
+            test_it = chainer.iterators.SerialIterator(test, 8, repeat=False)
+            trainer = training.Trainer(training.StandardUpdater(it, optimizer), (1, 'epoch'))
+            trainer.run()
+        """
+    )
+    result = convert_source(source)
+    assert result.error is None
+    tree = ast.parse(result.output or "")
+    main = next(s for s in tree.body if isinstance(s, ast.FunctionDef))
+    chain = next(s for s in main.body if isinstance(s, ast.If) and "dataset" in ast.unparse(s.test))
+    for branch in (chain.body, chain.orelse):
+        kinds = [ast.unparse(s).split("\n")[0] for s in branch]
+        assert kinds[0].startswith("class_labels = ")  # still on every rank
+        assert kinds[1] == "if comm.rank == 0:"
+        guard = branch[1]
+        assert isinstance(guard, ast.If)
+        assert ast.unparse(guard.orelse[0]) == "train, test = (None, None)"
+
+
+def test_a_post_training_tail_reading_the_test_set_runs_on_rank_0_with_all_of_it() -> None:
+    source = HEAD + textwrap.dedent(
+        """\
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            train, test = chainer.datasets.get_mnist()
+            model = L.Classifier(L.Linear(None, 10))
+            optimizer = chainer.optimizers.SGD()
+            optimizer.setup(model)
+            it = chainer.iterators.SerialIterator(train, 8)
+            test_it = chainer.iterators.SerialIterator(test, 8, repeat=False)
+            trainer = training.Trainer(training.StandardUpdater(it, optimizer), (1, 'epoch'))
+            trainer.run()
+            x, t = test[0]
+            print('first test label', t, 'of', len(test))
+        """
+    )
+    result = convert_source(source)
+    assert result.error is None
+    body = _main(result.output or "")
+    assert (
+        "test_it = chainer.iterators.SerialIterator(mn.scatter_dataset(test, comm), 8, repeat=False)"
+        in body
+    )
+    assert not any(line.startswith("test = mn.scatter_dataset") for line in body)
+    assert body[-1].startswith("if comm.rank == 0:\n    x, t = test[0]")
