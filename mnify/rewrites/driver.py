@@ -329,21 +329,30 @@ def _leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> 
     library helper, or in code outside the converted files), no optimizer becomes multi-node and
     a converted script would only look parallel. Then nothing is changed and the report says
     plainly why and what to do."""
-    if not contexts or not all(ctx.options.data_parallel for ctx in contexts.values()):
+    if not contexts or not all(
+        ctx.options.data_parallel and ctx.options.only_codes is None for ctx in contexts.values()
+    ):
         return
     entries = [e for ctx in contexts.values() for e in ctx.entries]
     if any(e.step == "optimizer" and e.severity == "changed" for e in entries):
         return
     stranded = [e for e in entries if e.step == "optimizer" and e.severity == "needs-person"]
-    trains = any(ctx.entry is not None and ctx.comm_needed for ctx in contexts.values())
-    if not stranded and not trains:
-        return
     built = [
         (ctx, c)
         for ctx in contexts.values()
         for c in ctx.facts.calls
-        if vocab.is_optimizer(c.qname)
+        if vocab.is_optimizer(c.qname) and not vocab.is_multi_node_optimizer_factory(c.parent_qname)
     ]
+    if any(ctx.suppressed(c.node, "optimizer") for ctx, c in built):
+        return  # the user kept the optimizer as it is on purpose
+    iterators = any(
+        vocab.is_iterator(c.qname) for ctx in contexts.values() for c in ctx.facts.calls
+    )
+    loads = any(
+        vocab.is_dataset_factory(c.qname) for ctx in contexts.values() for c in ctx.facts.calls
+    )
+    if not stranded and not built and (iterators or not loads):
+        return  # no training at all here (a model or data module on its own)
     if stranded:
         where = (
             f"the optimizer is built at {stranded[0].path}:{stranded[0].line}, where the "
@@ -365,7 +374,7 @@ def _leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> 
         ctx.comm_needed = False
         ctx.imports_needed.clear()
         ctx.preamble = []
-        ctx.entries = [e for e in ctx.entries if e.severity == "needs-person" and e.step == "lint"]
+        ctx.entries = [e for e in ctx.entries if e.severity == "needs-person"]
     first = next(iter(contexts.values()))
     first.entries.append(
         ReportEntry(
