@@ -5,7 +5,8 @@ Each project directory holds ``mnify-case.json``::
     {"entry": "train.py", "args": [...], "writes": ["result/log", ...],
      "tail_marker": "<start of a line the post-training tail prints>", "patterns": [1, 2, ...],
      "setup": "preprocess.py",        # optional: run once before training (makes data files)
-     "distributed": true}             # optional: already ChainerMN, conversion changes nothing
+     "distributed": true,             # optional: already ChainerMN, conversion changes nothing
+     "final_models": ["result/model.npz"]}  # optional: npz files that hold the trained model
 
 ``{root}`` in ``args`` stands for the directory the project is installed in (for data files and
 configs given by path), since every rank runs in its own working directory.
@@ -14,11 +15,13 @@ The converted project runs under :data:`LAUNCHER`, which chdirs each rank into `
 "only rank 0 writes" is checked on the file system) and, once the script returns, prints one
 ``MNIFY-PROBE {json}`` line: a digest of every optimizer target's parameters and of every
 training iterator's dataset. Equal parameters on all ranks mean gradients were averaged; different
-datasets mean each rank trained on its own shard. Together: the run was data parallel.
+datasets mean each rank trained on its own shard. Together: the run was data parallel. The model
+files a project saves at the end must hold those trained parameters (not an untrained copy).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +30,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy
 
 from mnify.rewrites import ConvertOptions, convert_sources
 from tests.support.mpirun import RankRun, mpi_env, run_ranks
@@ -50,6 +55,7 @@ class Project:
     patterns: tuple[int, ...]
     setup: str | None = None
     distributed: bool = False
+    final_models: tuple[str, ...] = ()
 
     def sources(self) -> dict[str, str]:
         """``{path: text}`` of every .py file, keyed by real path as ``mnify convert DIR`` does."""
@@ -78,6 +84,7 @@ def load_projects() -> list[Project]:
                 patterns=tuple(spec["patterns"]),
                 setup=spec.get("setup"),
                 distributed=bool(spec.get("distributed", False)),
+                final_models=tuple(spec.get("final_models", ())),
             )
         )
     return projects
@@ -174,14 +181,17 @@ def _dataset_digest(ds):
         random.setstate(py_state)
 
 
-def _params_digest(link):
+def _array_digest(array):
     h = hashlib.sha1()
-    names = []
-    for name, param in sorted(link.namedparams()):
-        names.append(name)
-        h.update(name.encode())
-        _feed(h, None if param.array is None else chainer.backends.cuda.to_cpu(param.array))
-    return [len(names), h.hexdigest()]
+    _feed(h, array)
+    return h.hexdigest()
+
+
+def _named_params(link):
+    return {{
+        name: _array_digest(None if p.array is None else chainer.backends.cuda.to_cpu(p.array))
+        for name, p in link.namedparams()
+    }}
 
 
 if __name__ == "__main__":
@@ -230,23 +240,41 @@ if __name__ == "__main__":
         if exc.code not in (None, 0):
             raise
     probe = {{
-        "params": [_params_digest(t) for t in targets],
+        "params": [_named_params(t) for t in targets],
         "datasets": [_dataset_digest(d) for d in datasets],
     }}
     print({probe!r} + json.dumps(probe), flush=True)
 """
 
 
-def run_on_ranks(project: Project, installed: Path, base: Path, n: int = 2) -> RankRun:
-    """Run the installed entry on ``n`` ranks, each in ``base/rank<N>``; failures are returned."""
+def _launcher(project: Project, installed: Path, base: Path) -> str:
     script = installed / project.entry
-    source = LAUNCHER.format(
+    return LAUNCHER.format(
         base=str(base),
         scriptdir=str(script.parent),
         script=str(script),
         args=project.argv(installed),
         probe=PROBE,
     )
+
+
+def run_single(project: Project, installed: Path, base: Path) -> subprocess.CompletedProcess[str]:
+    """Run the installed entry as one plain process (no mpiexec) in ``base/rank0``."""
+    launcher = base / "launcher.py"
+    launcher.write_text(_launcher(project, installed, base), encoding="utf-8")
+    return subprocess.run(
+        [sys.executable, str(launcher)],
+        cwd=base,
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+
+
+def run_on_ranks(project: Project, installed: Path, base: Path, n: int = 2) -> RankRun:
+    """Run the installed entry on ``n`` ranks, each in ``base/rank<N>``; failures are returned."""
+    source = _launcher(project, installed, base)
     return run_ranks(
         n,
         source,
@@ -258,14 +286,62 @@ def run_on_ranks(project: Project, installed: Path, base: Path, n: int = 2) -> R
     )
 
 
+def probe_of(lines: list[str]) -> dict[str, Any]:
+    """The probe among one process's output lines; AssertionError if it printed none."""
+    found = [line for line in lines if line.startswith(PROBE)]
+    assert found, "no probe printed (did the script finish?)"
+    probe: dict[str, Any] = json.loads(found[-1][len(PROBE) :])
+    return probe
+
+
 def probes(run: RankRun, n: int) -> list[dict[str, Any]]:
-    """Each rank's probe (the last one it printed); AssertionError if a rank printed none."""
+    """Each rank's probe; AssertionError naming the rank (with all output) if one printed none."""
     found = []
     for rank in range(n):
-        lines = [line for line in run.rank_lines(rank) if line.startswith(PROBE)]
-        assert lines, f"rank {rank} printed no probe (did its script finish?)\n{run.describe()}"
-        found.append(json.loads(lines[-1][len(PROBE) :]))
+        try:
+            found.append(probe_of(run.rank_lines(rank)))
+        except AssertionError:
+            raise AssertionError(f"rank {rank} printed no probe\n{run.describe()}") from None
     return found
+
+
+def stale_model_files(folder: Path, files: tuple[str, ...], params: list[dict[str, str]]) -> list:
+    """Arrays of the model files that do not hold the trained parameters, as (file, key).
+
+    ``params`` are the probe's ``{name: digest}`` of every optimizer target after training. A
+    key of a saved file names a parameter when some target parameter's name ends with it
+    (``enc1/conv/W`` is ``/predictor/enc1/conv/W``); its array must then equal that
+    parameter. A file with no parameter at all is reported as ``(file, None)``.
+    """
+    stale: list = []
+    for pattern in files:
+        for path in sorted(folder.glob(pattern)):
+            with numpy.load(path) as saved:
+                matched = False
+                for key in saved.files:
+                    candidates = [
+                        digest
+                        for target in params
+                        for name, digest in target.items()
+                        if name.endswith("/" + key.lstrip("/"))
+                    ]
+                    if not candidates:
+                        continue  # a persistent (running mean) or optimizer state
+                    matched = True
+                    if array_digest(saved[key]) not in candidates:
+                        stale.append((str(path.relative_to(folder)), key))
+                if not matched:
+                    stale.append((str(path.relative_to(folder)), None))
+    return stale
+
+
+def array_digest(array: numpy.ndarray) -> str:
+    """The launcher's digest of an array (shape, dtype and bytes)."""
+    a = numpy.ascontiguousarray(array)
+    h = hashlib.sha1()
+    h.update(repr((a.shape, a.dtype.str)).encode())
+    h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def marker_count(lines: list[str], marker: str) -> int:
