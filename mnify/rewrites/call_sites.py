@@ -324,5 +324,10 @@ def _guard_call(ctx: FileContext, call: CallFact, target: cst.Call, lift: Lift) 
         return
     ctx.plan.guard_stmt(stmt, Guard("rank0"))
     ctx.note(
-        stmt, "rank0-guard", "changed", f"{lift.name} writes ({lift.label}): rank 0 only", code
+        stmt,
+        "rank0-guard",
+        "changed",
+        f"{lift.name} writes ({lift.label}): rank 0 only",
+        code,
+        claim=("guarded", stmt),
     )

@@ -25,6 +25,10 @@ from mnify.rewrites.registry import step_code, step_codes
 from mnify.rewrites.report import ReportEntry, Severity
 
 LiftKind = Literal["optimizer", "mnbn", "rank0", "channel-parallel"]
+# What a report entry says the output shows: ("guarded", statement) — it runs under
+# ``if comm.rank == 0:``; ("scattered", name) — the dataset reaches scatter_dataset;
+# ("rank0-loads", name) — rank 0 binds it, the others bind None.
+Claim = tuple[Literal["guarded", "scattered", "rank0-loads"], "cst.CSTNode | str"]
 
 
 @dataclass(eq=False)
@@ -70,6 +74,7 @@ class FileContext:
     entry: Entry | None = None
     comm_needed: bool = False
     lifts: list[Lift] = field(default_factory=list)  # work for the callers of helpers/classes
+    claims: list[tuple[ReportEntry, Claim]] = field(default_factory=list)
     writing_extensions: set[str] = field(default_factory=set)  # this file's, by name
     imports_needed: set[str] = field(default_factory=set)
     # functions of the project that reach a collective once converted ("helpers.load_data"):
@@ -145,12 +150,15 @@ class FileContext:
         severity: Severity,
         message: str,
         code: str | None = None,
+        claim: Claim | None = None,
     ) -> None:
-        """A report entry, filed under ``code`` or else the step's rule code."""
+        """A report entry, filed under ``code`` or else the step's rule code. ``claim`` says what
+        the output must show for the entry to be true; the driver checks it on the output."""
         line = self.line(node) if node is not None else 1
-        self.entries.append(
-            ReportEntry(self.path, line, step, severity, message, code or step_code(step))
-        )
+        entry = ReportEntry(self.path, line, step, severity, message, code or step_code(step))
+        self.entries.append(entry)
+        if claim is not None:
+            self.claims.append((entry, claim))
 
     def reaches_collective(self, stmt: cst.BaseStatement) -> str | None:
         """The project function reaching a collective that a call inside ``stmt`` names."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from mnify import vocabulary as vocab
-from mnify.rewrites.context import FileContext
+from mnify.rewrites.context import Claim, FileContext
 from mnify.rewrites.edits import Guard, NodeFn, expression, statement
 from mnify.rewrites.facts import CallFact, assigned_in, mentions_rank, names_in, target_names
 from mnify.rewrites.registry import rewrite
@@ -278,8 +278,19 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
             ctx.plan.unguard(stmt)
             ctx.plan.guard_stmt(stmt, Guard(f"data{n}", tuple(names) if last else ()))
     ctx.plan.insert_after(body[end], scatters)
-    ctx.note(body[start], "dataset", "changed", f"rank 0 loads {label}; the others get None")
-    ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+    for name in ordered:
+        claim: Claim = ("rank0-loads", name)
+        ctx.note(
+            body[start],
+            "dataset",
+            "changed",
+            f"rank 0 loads {name}; the others get None",
+            claim=claim,
+        )
+    for name in ordered:
+        ctx.note(
+            site, "dataset", "changed", f"scatter {name} with {scatter}", claim=("scattered", name)
+        )
 
 
 Unit = tuple[cst.BaseStatement, set[str]]

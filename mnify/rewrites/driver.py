@@ -9,8 +9,10 @@ and is left untouched.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
+import textwrap
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -430,10 +432,69 @@ def _finish_file(ctx: FileContext, result: FileResult) -> None:
         return
     try:
         check_output(ctx.source, new, plan_records(ctx))
+        check_claims(ctx, new)
     except VerificationError as bad:
         result.error = f"internal: {bad.line}: {bad.message}"
         return
     result.output = new
+
+
+def _signature(stmt: ast.stmt) -> str:
+    """What identifies a statement across planned expression replacements: the callee of an
+    expression statement, the targets of an assignment, a compound statement's own line."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        return "call " + ast.unparse(stmt.value.func)
+    if isinstance(stmt, ast.Assign):
+        return "assign " + " ".join(ast.unparse(t) for t in stmt.targets)
+    if isinstance(stmt, (ast.If, ast.While)):
+        return f"{type(stmt).__name__} {ast.unparse(stmt.test)}"
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return "with " + ", ".join(ast.unparse(i.context_expr) for i in stmt.items)
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return f"for {ast.unparse(stmt.target)} in {ast.unparse(stmt.iter)}"
+    return ast.unparse(stmt)
+
+
+def check_claims(ctx: FileContext, output: str) -> None:
+    """Issue 12, pattern 11: every "on rank 0", "rank 0 loads" and "scatter" entry of the report
+    is checked against the produced code; one it does not bear out is an internal error."""
+    if not ctx.claims:
+        return
+    tree = ast.parse(output)
+    test = ast.dump(ast.parse(f"{ctx.plan.comm}.rank == 0", mode="eval").body)
+    guarded: set[str] = set()
+    loads: set[str] = set()
+    scattered: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.dump(node.test) == test:
+            for inner in node.body:
+                for sub in ast.walk(inner):
+                    if isinstance(sub, ast.stmt):
+                        guarded.add(_signature(sub))
+            for other in node.orelse:
+                if isinstance(other, ast.Assign) and isinstance(
+                    other.value, (ast.Constant, ast.Tuple)
+                ):
+                    for target in other.targets:
+                        loads.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "scatter_dataset":
+                scattered.add(node.args[0].id)
+    for entry, (kind, subject) in ctx.claims:
+        if kind == "guarded":
+            assert isinstance(subject, cst.CSTNode)
+            original = ast.parse(textwrap.dedent(ctx.code(subject))).body
+            ok = bool(original) and _signature(original[0]) in guarded
+        elif kind == "rank0-loads":
+            ok = subject in loads
+        else:
+            ok = subject in scattered
+        if not ok:
+            raise VerificationError(
+                entry.line, f"the report says '{entry.message}', but the output does not show it"
+            )
 
 
 def _statement_key(ctx: FileContext, node: cst.CSTNode) -> tuple[int, str]:

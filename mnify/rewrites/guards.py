@@ -296,7 +296,14 @@ def plan(ctx: FileContext) -> None:
             )
             continue
         ctx.plan.guard_stmt(target, RANK0)
-        ctx.note(target, "rank0-guard", "changed", f"{what} on rank 0 only", code)
+        ctx.note(
+            target,
+            "rank0-guard",
+            "changed",
+            f"{what} on rank 0 only",
+            code,
+            claim=("guarded", target),
+        )
         if not ctx.options.data_parallel and what in _MODEL_SAVERS:
             ctx.note(
                 target,

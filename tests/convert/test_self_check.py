@@ -393,3 +393,22 @@ def test_a_dataset_is_scattered_only_where_its_assignment_dominates() -> None:
     assert "scatter_dataset" not in result.output
     notes = [e.message for e in result.entries if e.severity == "needs-person"]
     assert any("not surely assigned" in m for m in notes)
+
+
+def test_a_report_claim_the_output_does_not_bear_out_is_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 12, pattern 11: the report is checked against the produced code."""
+    from mnify.rewrites.edits import EditPlan
+
+    real = EditPlan.guard_stmt
+
+    def forgetful(self: EditPlan, stmt: cst.BaseStatement, guard: object) -> bool:
+        if getattr(guard, "key", "") == "rank0":
+            return True  # says it guarded, plans nothing: the report would lie
+        return real(self, stmt, guard)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(EditPlan, "guard_stmt", forgetful)
+    result = convert_source(LOOP, "train.py")
+    assert result.output is None
+    assert result.error is not None and "the output does not show it" in result.error
