@@ -1,18 +1,42 @@
-"""DESIGN.md section 1, step "evaluator": every rank evaluates its shard, results are averaged.
+"""DESIGN.md section 1, step "evaluator": every rank evaluates its shard; the ranks' results are
+combined into the result over the whole test set.
 
-``extensions.Evaluator(test_iter, model, device=...)`` (and constructions of this file's own
-Evaluator subclasses) become ``mn.create_multi_node_evaluator(extensions.Evaluator(...), comm)``
-on every rank. Not under ``--model-parallel channel``: there every rank already sees the same
-batch.
+Two kinds of evaluator, told apart here:
+
+* **Means over examples** (``extensions.Evaluator`` and subclasses of this file that do not
+  override ``evaluate``): ``mn.create_multi_node_evaluator(extensions.Evaluator(...), comm)``,
+  which combines the ranks' means weighted by examples.
+* **Metrics over the whole test set** (a subclass of this file that overrides ``evaluate``,
+  directly or through another class of this file, or a library evaluator whose metric is not a
+  mean: ``vocab.WHOLE_SET_EVALUATORS``, chainercv's mAP/mIoU, chainer-chemistry's ROC-AUC):
+  averaging per-shard values would be wrong. Under ``--target mnify`` they become
+  ``mn.create_multi_node_evaluator(MapEvaluator(...), comm, gather=True)``: every rank runs the
+  evaluator's own ``evaluate()`` on its shard, what it read and what the model answered go to
+  rank 0, which runs ``evaluate()`` over all of it (the model's answers replayed, not
+  recomputed) and hands the result to every rank. Nothing in the user's ``evaluate()`` needs to
+  change, which is why this is generic. Their test iterators are listed by
+  :func:`gathered_test_iterators`: scattered without repeated examples
+  (``force_equal_length=False``; the gathering evaluator has no per-batch collective).
+  ChainerMN 7.8.1 has no such wrapper (its ``GenericMultiNodeEvaluator`` needs the user to
+  write ``calc_local``/``aggregate``), so under ``--target chainermn`` the evaluator stays as it
+  is and every rank evaluates the whole, unscattered test set (:func:`full_test_iterators`):
+  the same value on every rank, as long as rank 0 alone would take, and no rank left waiting
+  in a collective.
+
+Not under ``--model-parallel channel``: there every rank already sees the same batch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.dataset import is_training_iterator, iterator_calls
+from mnify.rewrites.edits import NodeFn, expression
+from mnify.rewrites.facts import CallFact
 from mnify.rewrites.optimizer import wrap_call
 from mnify.rewrites.registry import rewrite
 
@@ -33,7 +57,7 @@ def _check_early_stopping(ctx: FileContext) -> None:
                 "evaluator",
                 "info",
                 "EarlyStoppingTrigger watches a validation key: the multi-node evaluator "
-                "averages it, so every rank stops at the same epoch",
+                "reports the same value on every rank, so every rank stops at the same epoch",
             )
             continue
         shown = ctx.code(monitor) if monitor is not None else "'main/loss' (the default)"
@@ -49,6 +73,8 @@ def _check_early_stopping(ctx: FileContext) -> None:
 def _check_hand_written_evaluation(ctx: FileContext) -> None:
     """Without a Trainer there is no Evaluator to wrap: a loop over the scattered test set
     measures this rank's shard only."""
+    from mnify.rewrites.dataset import is_training_iterator, iterator_calls
+
     if any(vocab.is_trainer(c.qname) for c in ctx.facts.calls):
         return
     for call in iterator_calls(ctx):
@@ -62,35 +88,337 @@ def _check_hand_written_evaluation(ctx: FileContext) -> None:
             )
 
 
+# ---------------------------------------------------------------------------------- kinds
+def _defines_evaluate(cls: cst.ClassDef) -> bool:
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    return any(
+        isinstance(stmt, cst.FunctionDef) and stmt.name.value == vocab.EVALUATE_METHOD
+        for stmt in body
+    )
+
+
+def evaluator_classes(ctx: FileContext) -> dict[str, bool]:
+    """This file's Evaluator subclasses (through other classes of the file too), each with
+    whether its metric is over the whole test set: it overrides ``evaluate`` (or a base of this
+    file does), or it derives from a library evaluator whose metric is not a mean."""
+    kinds: dict[str, bool] = {}
+    for name, bases in ctx.facts.class_bases.items():  # in order: bases come first
+        parents = [b for b in bases if vocab.is_evaluator_class(b) or b in kinds]
+        if parents:
+            kinds[name] = (
+                _defines_evaluate(ctx.facts.classes[name])
+                or any(vocab.is_whole_set_evaluator(b) for b in parents)
+                or any(kinds.get(b, False) for b in parents)
+            )
+    return kinds
+
+
+def _kind(call: CallFact, classes: dict[str, bool]) -> str | None:
+    """``"mean"``, ``"whole-set"`` or None (not an evaluator construction)."""
+    if call.qname in classes:
+        return "whole-set" if classes[call.qname] else "mean"
+    if vocab.is_whole_set_evaluator(call.qname):
+        return "whole-set"
+    if vocab.is_evaluator(call.qname):
+        return "mean"
+    return None
+
+
+@dataclass(eq=False)
+class _WholeSet:
+    """An evaluator construction whose metric is over the whole test set, and its iterators."""
+
+    call: CallFact
+    names: set[str] = field(default_factory=set)  # iterator variables it evaluates
+    inline: list[cst.Call] = field(default_factory=list)  # iterators built in its arguments
+
+
+def _iterator_arg(call: cst.Call) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "iterator":
+            return arg.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[0].value if positional else None
+
+
+def _whole_set_sites(ctx: FileContext) -> list[_WholeSet]:
+    classes = evaluator_classes(ctx)
+    sites = []
+    for call in ctx.facts.calls:
+        if _kind(call, classes) != "whole-set":
+            continue
+        site = _WholeSet(call)
+        value = _iterator_arg(call.node)
+        values = (
+            [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+            if isinstance(value, cst.Dict)
+            else [value]
+        )
+        for v in values:
+            if isinstance(v, cst.Name):
+                site.names.add(v.value)
+            elif isinstance(v, cst.Call):
+                site.inline.append(v)
+        sites.append(site)
+    return sites
+
+
+def _gathers(ctx: FileContext) -> bool:
+    """Whole-set evaluators gather to rank 0 (mnify) or run on the whole set (ChainerMN)."""
+    return ctx.options.target == "mnify"
+
+
+def full_test_iterators(ctx: FileContext) -> set[str]:
+    """Iterator variables whose dataset every rank must keep whole (not scattered): those of
+    whole-set evaluators under ``--target chainermn``, which every rank runs on the whole test
+    set (see the module docstring). Empty under ``--target mnify``."""
+    if not ctx.options.data_parallel or _gathers(ctx):
+        return set()
+    return {name for site in _whole_set_sites(ctx) for name in site.names}
+
+
+def gathered_test_iterators(ctx: FileContext) -> set[str]:
+    """Iterator variables of evaluators wrapped with ``gather=True`` (``--target mnify``): their
+    datasets are scattered with ``force_equal_length=False``, so no example counts twice in
+    the metric computed over the gathered shards."""
+    if not ctx.options.data_parallel or not _gathers(ctx):
+        return set()
+    return {name for site in _whole_set_sites(ctx) for name in site.names}
+
+
+def keeps_full_test_set(ctx: FileContext, iterator: CallFact) -> bool:
+    """Whether this iterator construction (assigned to a name of :func:`full_test_iterators`,
+    or built inline as such an evaluator's argument) must get the whole test set."""
+    if not ctx.options.data_parallel or _gathers(ctx):
+        return False
+    for site in _whole_set_sites(ctx):
+        if any(inline is iterator.node for inline in site.inline):
+            return True
+        for fact in ctx.facts.assigns:
+            if fact.value is iterator.node and set(fact.targets) & site.names:
+                return True
+    return False
+
+
+def _scattered_datasets(ctx: FileContext, site: _WholeSet) -> list[str]:
+    """The datasets of this evaluator's iterators that the plan (or the source) scatters."""
+    from mnify.rewrites.dataset import dataset_arg
+
+    scatters = {vocab.last(name) for name in vocab.SCATTER_FUNCTIONS}
+    iterators = list(site.inline)
+    for fact in ctx.facts.assigns:
+        if set(fact.targets) & site.names and isinstance(fact.value, cst.Call):
+            iterators.append(fact.value)
+    inserted = [
+        ctx.code(stmt)
+        for stmts in (*ctx.plan.before.values(), *ctx.plan.after.values())
+        for stmt in stmts
+    ]
+    found = []
+    for it in iterators:
+        arg = dataset_arg(it)
+        if arg is None:
+            continue
+        if id(arg) in ctx.plan.replace:  # scattered inline
+            found.append(ctx.code(arg.value))
+            continue
+        if not isinstance(arg.value, cst.Name):
+            continue
+        name = arg.value.value
+        planned = any(
+            code.startswith(f"{name} = ") and any(f"{s}(" in code for s in scatters)
+            for code in inserted
+        )
+        existing = any(
+            (made := ctx.facts.call_of(a.value)) is not None and vocab.is_scatter(made.qname)
+            for a in ctx.facts.assigns_of(name)
+        )
+        if planned or existing:
+            found.append(name)
+    return found
+
+
+# ---------------------------------------------------------------------------------- plan
+_LINE = 79  # a wrapped call longer than this breaks, as black would
+
+
+def _wrap_gathering(func: str, comm: str, lead: str, column: int) -> NodeFn:
+    """``X(...)`` -> ``func(X(...), comm, gather=True)``; ``lead``/``column``: the indentation
+    of the line the call starts on and the call's column, to break long lines under it."""
+    tail = f", {comm}, {vocab.GATHER_KEYWORD}=True)"
+
+    def newline() -> cst.ParenthesizedWhitespace:
+        return cst.ParenthesizedWhitespace(
+            first_line=cst.TrailingWhitespace(),
+            indent=False,
+            last_line=cst.SimpleWhitespace(lead + "    "),
+        )
+
+    def fn(node: cst.CSTNode) -> cst.CSTNode:
+        assert isinstance(node, cst.BaseExpression)
+        inner = cst.Module([]).code_for_node(node)
+        one_line = column + len(func) + 1 + len(inner) + len(tail) <= _LINE
+        broken = not one_line and "\n" not in inner
+        after_inner: cst.BaseParenthesizableWhitespace = cst.SimpleWhitespace(" ")
+        if broken and len(lead) + 4 + len(inner) + len(tail) > _LINE:
+            after_inner = newline()
+        return cst.Call(
+            func=expression(func),
+            whitespace_before_args=newline() if broken else cst.SimpleWhitespace(""),
+            args=[
+                cst.Arg(node, comma=cst.Comma(whitespace_after=after_inner)),
+                cst.Arg(
+                    expression(comm), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                ),
+                cst.Arg(
+                    cst.Name("True"),
+                    keyword=cst.Name(vocab.GATHER_KEYWORD),
+                    equal=cst.AssignEqual(
+                        whitespace_before=cst.SimpleWhitespace(""),
+                        whitespace_after=cst.SimpleWhitespace(""),
+                    ),
+                ),
+            ],
+        )
+
+    return fn
+
+
+def _layout(ctx: FileContext, node: cst.CSTNode) -> tuple[str, int]:
+    """The indentation of the line ``node`` starts on, and its column there."""
+    positions = ctx.wrapper.resolve(PositionProvider)
+    position = positions.get(node)
+    if position is None:
+        return "", 0
+    line = ctx.source.splitlines()[position.start.line - 1]
+    return line[: len(line) - len(line.lstrip())], int(position.start.column)
+
+
+def _why_whole_set(call: CallFact, classes: dict[str, bool]) -> str:
+    name = vocab.last(call.qname)
+    if call.qname in classes:
+        return f"{name} overrides evaluate(): its metric need not be a mean over batches"
+    return f"{name} computes its metric over the whole test set (not a mean over batches)"
+
+
+def _note_whole_set_unwrapped(
+    ctx: FileContext, call: CallFact, classes: dict[str, bool], sites: dict[int, _WholeSet]
+) -> None:
+    """``--target chainermn``: the evaluator stays as it is and must see the whole test set."""
+    why = f"{_why_whole_set(call, classes)}, and ChainerMN 7.8.1 cannot gather what an arbitrary evaluate() reads"
+    scattered = _scattered_datasets(ctx, sites[id(call.node)])
+    if scattered:
+        ctx.note(
+            call.node,
+            "evaluator",
+            "needs-person",
+            f"{why}: its test set ({', '.join(scattered)}) is scattered, so each rank would "
+            "report its own shard's metric; keep that test set whole on every rank, or convert "
+            "with --target mnify (create_multi_node_evaluator(..., gather=True))",
+        )
+        return
+    ctx.note(
+        call.node,
+        "evaluator",
+        "info",
+        f"{why}: left unwrapped with its test set not scattered, so every rank evaluates the "
+        "whole test set and reports the same value",
+    )
+
+
+def _gathers_already(wrapper: cst.Call) -> bool:
+    return any(
+        a.keyword is not None and a.keyword.value == vocab.GATHER_KEYWORD for a in wrapper.args
+    )
+
+
+def _add_gather(node: cst.CSTNode) -> cst.CSTNode:
+    """``create_multi_node_evaluator(ev, comm)`` -> ``...(ev, comm, gather=True)``."""
+    assert isinstance(node, cst.Call)
+    args = list(node.args)
+    args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    args.append(
+        cst.Arg(
+            cst.Name("True"),
+            keyword=cst.Name(vocab.GATHER_KEYWORD),
+            equal=cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""),
+                whitespace_after=cst.SimpleWhitespace(""),
+            ),
+        )
+    )
+    return node.with_changes(args=args)
+
+
+def _gather_existing_wrapper(ctx: FileContext, call: CallFact, classes: dict[str, bool]) -> None:
+    """A whole-set evaluator someone wrapped in the averaging evaluator (``mnify lint --fix``,
+    or a conversion with the already-distributed check off): averaging its metric is wrong."""
+    wrapper = call.parent_call
+    if wrapper is None or _gathers_already(wrapper):
+        return
+    if not vocab.is_mnify_runtime_name(call.parent_qname):
+        ctx.note(
+            call.node,
+            "evaluator",
+            "needs-person",
+            f"{_why_whole_set(call, classes)}, but ChainerMN's create_multi_node_evaluator "
+            "averages it over the ranks' shards: evaluate the whole test set on every rank, "
+            "or subclass GenericMultiNodeEvaluator (calc_local/aggregate)",
+        )
+        return
+    ctx.plan.replace_node(wrapper, _add_gather, call.stmt)
+    ctx.note(
+        call.node,
+        "evaluator",
+        "changed",
+        f"{_why_whole_set(call, classes)}: its multi-node evaluator now gathers "
+        "(gather=True) instead of averaging the ranks' shards",
+    )
+
+
 @rewrite("evaluator", order=60, fixes=("MN505",), code="MN805")
 def plan(ctx: FileContext) -> None:
-    if ctx.options.data_parallel:
-        _check_early_stopping(ctx)
-        _check_hand_written_evaluation(ctx)
     if not ctx.options.data_parallel:
         return
+    _check_early_stopping(ctx)
+    _check_hand_written_evaluation(ctx)
     wrap = ctx.spell.top("create_multi_node_evaluator")
-    own = {
-        cls
-        for cls, bases in ctx.facts.class_bases.items()
-        if any(vocab.is_extension(b, "Evaluator") for b in bases)
-    }
+    classes = evaluator_classes(ctx)
+    sites = {id(site.call.node): site for site in _whole_set_sites(ctx)}
     for call in ctx.facts.calls:
-        if not (vocab.is_extension(call.qname, "Evaluator") or call.qname in own):
+        kind = _kind(call, classes)
+        if kind is None or ctx.suppressed(call.node, "evaluator"):
             continue
         if vocab.is_multi_node_evaluator_factory(call.parent_qname):
+            if kind == "whole-set":
+                _gather_existing_wrapper(ctx, call, classes)
+            continue  # converted before
+        if kind == "whole-set" and not _gathers(ctx):
+            _note_whole_set_unwrapped(ctx, call, classes, sites)
             continue
-        if ctx.suppressed(call.node, "evaluator"):
-            continue
+        gather = kind == "whole-set"
         comm = ctx.comm_at(call.func, "Evaluator")
         if comm is None:
+            shown = f"{wrap}(..., comm{', gather=True' if gather else ''})"
             ctx.note(
                 call.node,
                 "evaluator",
                 "needs-person",
-                f"Evaluator built where the communicator cannot be passed: wrap it with {wrap}",
+                f"Evaluator built where the communicator cannot be passed: wrap it with {shown}",
             )
             continue
         ctx.use_runtime()
+        if gather:
+            lead, column = _layout(ctx, call.node)
+            ctx.plan.replace_node(call.node, _wrap_gathering(wrap, comm, lead, column), call.stmt)
+            ctx.note(
+                call.node,
+                "evaluator",
+                "changed",
+                f"{_why_whole_set(call, classes)}: -> {wrap}(..., comm, gather=True): every rank "
+                "evaluates its shard, rank 0 computes the metric over all shards' predictions "
+                "and every rank reports it",
+            )
+            continue
         ctx.plan.replace_node(call.node, wrap_call(wrap, comm), call.stmt)
         ctx.note(call.node, "evaluator", "changed", f"Evaluator -> {wrap}(..., comm)")

@@ -14,10 +14,15 @@ is weighted by the number of examples it was computed on:
 Result: the mean over all evaluated examples, as one process evaluating the whole test set
 would report it with its model's per-batch means. An evaluator that overrides ``evaluate`` and
 never calls ``eval_func`` is weighted by how many examples it drew from its main iterator.
+
+Iterators without ``reset()`` (a user's class) are copied with ``copy.copy`` for each
+evaluation, as Chainer's own Evaluator does. ``gather=True`` selects the gathering evaluator for
+metrics that are not means (:mod:`mnify.runtime.extensions.gathered_evaluator`).
 """
 
 from __future__ import annotations
 
+import copy
 import types
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -25,41 +30,69 @@ from typing import TYPE_CHECKING, Any
 
 import chainer
 
+from mnify.runtime.extensions.gathered_evaluator import dataset_is_empty, gathered_evaluate
+
 if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
 
 
+class _Counts:
+    """Shared by a counting iterator and its shallow copies (``copy.copy(it)`` in evaluate)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.last_batch_size = 0
+        self.examples = 0
+
+
 class CountingIterator:
-    """Wraps a dataset iterator and remembers the size of the batch it returned last."""
+    """Wraps a dataset iterator and remembers the size of the batch it returned last.
+
+    ``reset()`` resets the wrapped iterator or, for an iterator without ``reset()`` (a user's
+    class), starts over from a ``copy.copy`` of it, as Chainer's Evaluator does: the original is
+    never advanced, so every evaluation sees the whole shard.
+    """
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.last_batch_size = 0
-        self.examples = 0
+        self._counts = _Counts(inner)
+
+    @property
+    def last_batch_size(self) -> int:
+        return self._counts.last_batch_size
+
+    @property
+    def examples(self) -> int:
+        return self._counts.examples
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
-        dataset = getattr(self.inner, "dataset", None)
-        if dataset is not None and len(dataset) == 0:
+        counts = self._counts
+        if dataset_is_empty(counts.source):
             # An empty shard (fewer test examples than ranks): Chainer's iterators divide by
             # the dataset length, so end the evaluation here instead.
             raise StopIteration
-        batch = next(self.inner)
-        self.last_batch_size = len(batch)
-        self.examples += self.last_batch_size
+        step = getattr(counts.source, "__next__", None) or counts.source.next
+        batch = step()
+        counts.last_batch_size = len(batch)
+        counts.examples += counts.last_batch_size
         return batch
 
     next = __next__
 
     def reset(self) -> None:
-        self.inner.reset()
+        if hasattr(self.inner, "reset"):
+            self.inner.reset()
+            self._counts.source = self.inner
+        else:
+            self._counts.source = copy.copy(self.inner)
 
     def __getattr__(self, name: str) -> Any:
-        if name == "inner":
+        if name in ("inner", "_counts"):
             raise AttributeError(name)
-        return getattr(self.inner, name)
+        return getattr(self._counts.source, name)
 
 
 def _weight_observations(
@@ -107,6 +140,7 @@ def _multi_node_evaluate(self: Any) -> dict[str, float]:
     iterators = getattr(self, "_iterators", {})
     if "main" not in iterators:  # nothing to count: ChainerMN's equal weights
         local_means = self._mn_original_evaluate()
+        comm.barrier()  # untimed: shards of different sizes take different times
         return combine_rank_means(
             comm.allgather_obj({k: (_as_float(v), 0.0) for k, v in local_means.items()})
         )
@@ -127,6 +161,7 @@ def _multi_node_evaluate(self: Any) -> dict[str, float]:
         key: (_as_float(value), weights.get(key) or float(counter.examples))
         for key, value in local_means.items()
     }
+    comm.barrier()  # untimed: shards of different sizes take different times
     return combine_rank_means(comm.allgather_obj(local))
 
 
@@ -137,13 +172,33 @@ def _as_float(value: Any) -> float:
     return float(value)
 
 
-def create_multi_node_evaluator(actual_evaluator: Any, communicator: CommunicatorBase) -> Any:
-    """Make ``actual_evaluator`` (e.g. ``extensions.Evaluator``) report means over all ranks.
+def create_multi_node_evaluator(
+    actual_evaluator: Any, communicator: CommunicatorBase, gather: bool = False
+) -> Any:
+    """Make ``actual_evaluator`` (e.g. ``extensions.Evaluator``) report over all ranks' shards.
+
+    Without ``gather`` (ChainerMN's behaviour, weighted by examples): every rank evaluates its
+    shard and the reported means are combined. That is right for means over examples (loss,
+    accuracy) only. With ``gather=True`` (mnify only; for mAP, mIoU, ROC-AUC, BLEU or any
+    ``evaluate()`` override): every rank runs the evaluator's own ``evaluate()`` on its shard,
+    what it drew and what the model answered go to rank 0, which computes the metric over the
+    whole test set, and every rank returns that (see :mod:`.gathered_evaluator`).
 
     Every rank must run it (it communicates once per evaluation). The evaluator is patched in
-    place and returned, so its name, trigger and priority stay as they were.
+    place and returned, so its name, trigger and priority stay as they were; wrapping it again
+    replaces the earlier wrapping instead of stacking a second one.
     """
-    actual_evaluator._mn_original_evaluate = actual_evaluator.evaluate
+    if gather and not (
+        hasattr(actual_evaluator, "_iterators") and hasattr(actual_evaluator, "_targets")
+    ):
+        raise TypeError(
+            "create_multi_node_evaluator(..., gather=True) needs a "
+            "chainer.training.extensions.Evaluator (or a subclass); got "
+            f"{type(actual_evaluator).__name__}: use GenericMultiNodeEvaluator instead"
+        )
+    if "_mn_original_evaluate" not in vars(actual_evaluator):
+        actual_evaluator._mn_original_evaluate = actual_evaluator.evaluate
     actual_evaluator._mn_communicator = communicator
-    actual_evaluator.evaluate = types.MethodType(_multi_node_evaluate, actual_evaluator)
+    method = gathered_evaluate if gather else _multi_node_evaluate
+    actual_evaluator.evaluate = types.MethodType(method, actual_evaluator)
     return actual_evaluator

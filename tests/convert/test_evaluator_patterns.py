@@ -1,0 +1,387 @@
+"""Issue 12, pattern 5: evaluators whose metric is not a mean, and evaluation iterators
+without ``reset()``.
+
+Conversion: an Evaluator subclass of the file that overrides ``evaluate`` (directly or through
+another class of the file) and the library evaluators of ``vocab.WHOLE_SET_EVALUATORS`` are
+wrapped with ``gather=True`` under ``--target mnify``; under ``--target chainermn`` they stay
+unwrapped and the report says whether their test set is (wrongly) scattered. End to end: the
+converted fixtures report, on 2 and 3 ranks, exactly the metric one process computes over the
+whole test set with the weights rank 0 saved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import textwrap
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import libcst as cst
+import numpy as np
+import pytest
+from libcst.metadata import MetadataWrapper
+
+from mnify.rewrites import ConvertOptions, convert_source, convert_sources
+from mnify.rewrites.context import FileContext
+from mnify.rewrites.driver import FileResult
+from mnify.rewrites.evaluator import (
+    evaluator_classes,
+    full_test_iterators,
+    gathered_test_iterators,
+    keeps_full_test_set,
+)
+from mnify.rewrites.facts import FactCollector
+from tests.convert.cases import BY_NAME, FIXTURES
+from tests.convert.test_e2e import _converted, _install, _run_on_ranks
+
+HEAD = """\
+import argparse
+import copy
+
+import chainer
+from chainer import training
+from chainer.training import extensions
+"""
+
+MAIN = """
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--batchsize', type=int, default=8)
+    args = parser.parse_args()
+    model = chainer.links.Classifier(chainer.links.Linear(4, 2))
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+    train, test = chainer.datasets.get_mnist()
+    train_iter = chainer.iterators.SerialIterator(train, args.batchsize)
+    test_iter = chainer.iterators.SerialIterator(test, args.batchsize, repeat=False, shuffle=False)
+    updater = training.updaters.StandardUpdater(train_iter, optimizer)
+    trainer = training.Trainer(updater, (1, 'epoch'))
+{extends}
+    trainer.run()
+"""
+
+
+def script(classes: str = "", extends: str = "", head: str = HEAD) -> str:
+    body = textwrap.indent(textwrap.dedent(extends), "    ")
+    return head + textwrap.dedent(classes) + MAIN.replace("{extends}", body.rstrip("\n"))
+
+
+def convert(source: str, **options: Any) -> FileResult:
+    result = convert_source(source, "train.py", ConvertOptions(**options))
+    assert result.error is None, result.error
+    assert result.output is not None
+    return result
+
+
+def evaluator_entries(result: FileResult) -> list[tuple[str, str]]:
+    return [(e.severity, e.message) for e in result.entries if e.step == "evaluator"]
+
+
+def extend_lines(text: str) -> list[str]:
+    """Each ``trainer.extend(...)`` statement of the output, joined onto one line."""
+    module = cst.parse_module(text)
+    found: list[str] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value == "extend":
+                found.append(" ".join(module.code_for_node(node).split()))
+
+    module.visit(Visitor())
+    return found
+
+
+OVERRIDES = """
+
+class MapEvaluator(extensions.Evaluator):
+    def evaluate(self):
+        return {}
+
+
+class FromMap(MapEvaluator):
+    pass
+
+
+class OnlyInit(extensions.Evaluator):
+    def __init__(self, iterator, target):
+        super(OnlyInit, self).__init__(iterator, target)
+"""
+
+
+def test_evaluate_overrides_gather_and_plain_subclasses_average() -> None:
+    source = script(
+        OVERRIDES,
+        """\
+        trainer.extend(MapEvaluator(test_iter, model))
+        trainer.extend(FromMap(test_iter, model), name='from_map')
+        trainer.extend(OnlyInit(test_iter, model), name='only_init')
+        trainer.extend(extensions.Evaluator(test_iter, model), name='plain')
+        """,
+    )
+    result = convert(source)
+    assert extend_lines(result.output or "") == [
+        "trainer.extend(mn.create_multi_node_evaluator( MapEvaluator(test_iter, model), comm, gather=True))",
+        "trainer.extend(mn.create_multi_node_evaluator( FromMap(test_iter, model), comm, gather=True), name='from_map')",
+        "trainer.extend(mn.create_multi_node_evaluator(OnlyInit(test_iter, model), comm), name='only_init')",
+        "trainer.extend(mn.create_multi_node_evaluator(extensions.Evaluator(test_iter, model), comm), name='plain')",
+    ]
+    entries = evaluator_entries(result)
+    assert [s for s, _ in entries] == ["changed"] * 4
+    assert "MapEvaluator overrides evaluate()" in entries[0][1]
+    assert "rank 0 computes the metric over all shards' predictions" in entries[0][1]
+    assert "FromMap overrides evaluate()" in entries[1][1]
+    # converting the output again changes nothing, even with the distributed check off
+    again = convert(result.output or "", leave_distributed=False)
+    assert again.output == result.output
+
+
+@pytest.mark.parametrize(
+    ("imports", "construction"),
+    [
+        ("from chainercv.extensions import DetectionVOCEvaluator\n", "DetectionVOCEvaluator"),
+        ("import chainercv\n", "chainercv.extensions.SemanticSegmentationEvaluator"),
+        (
+            "from chainer_chemistry.training.extensions import roc_auc_evaluator\n",
+            "roc_auc_evaluator.ROCAUCEvaluator",
+        ),
+    ],
+)
+def test_library_evaluators_whose_metric_is_not_a_mean_gather(
+    imports: str, construction: str
+) -> None:
+    source = script(
+        extends=f"trainer.extend({construction}(test_iter, model))\n", head=HEAD + imports
+    )
+    result = convert(source)
+    flat = " ".join((result.output or "").split())
+    assert f"{construction}(test_iter, model), comm, gather=True)" in flat
+    ((severity, message),) = evaluator_entries(result)
+    assert severity == "changed" and "over the whole test set" in message
+
+
+def test_subclass_of_a_library_evaluator_gathers() -> None:
+    source = script(
+        """
+
+class VOCWithDifficult(DetectionVOCEvaluator):
+    pass
+""",
+        "trainer.extend(VOCWithDifficult(test_iter, model))\n",
+        head=HEAD + "from chainercv.extensions import DetectionVOCEvaluator\n",
+    )
+    assert "VOCWithDifficult(test_iter, model), comm, gather=True)" in (
+        convert(source).output or ""
+    )
+
+
+def test_noqa_leaves_the_evaluator_alone() -> None:
+    source = script(OVERRIDES, "trainer.extend(MapEvaluator(test_iter, model))  # noqa: MN505\n")
+    result = convert(source)
+    assert "trainer.extend(MapEvaluator(test_iter, model))  # noqa: MN505" in (result.output or "")
+    assert evaluator_entries(result) == []
+
+
+def test_evaluator_built_where_comm_is_not_in_scope_needs_a_person() -> None:
+    source = script(
+        OVERRIDES
+        + """
+
+def add_evaluator(trainer, it, model):
+    trainer.extend(MapEvaluator(it, model))
+""",
+        "add_evaluator(trainer, test_iter, model)\n",
+    )
+    result = convert(source)
+    ((severity, message),) = [e for e in evaluator_entries(result) if "cannot be passed" in e[1]]
+    assert severity == "needs-person"
+    assert "mn.create_multi_node_evaluator(..., comm, gather=True)" in message
+
+
+def test_chainermn_target_leaves_whole_set_evaluators_unwrapped_and_says_so() -> None:
+    source = script(
+        OVERRIDES,
+        """\
+        trainer.extend(MapEvaluator(test_iter, model))
+        trainer.extend(extensions.Evaluator(test_iter, model), name='plain')
+        """,
+    )
+    result = convert(source, target="chainermn")
+    lines = extend_lines(result.output or "")
+    assert lines[0] == "trainer.extend(MapEvaluator(test_iter, model))"
+    assert "gather" not in (result.output or "")
+    assert lines[1].startswith("trainer.extend(chainermn.create_multi_node_evaluator(")
+    (whole,) = [e for e in evaluator_entries(result) if "MapEvaluator" in e[1]]
+    scattered = "test = chainermn.scatter_dataset(test, comm)" in (result.output or "")
+    # the report says what the output does: a scattered test set needs a person
+    if scattered:
+        assert whole[0] == "needs-person" and "is scattered" in whole[1]
+    else:
+        assert whole[0] == "info" and "not scattered" in whole[1]
+
+
+def test_an_averaged_whole_set_evaluator_is_made_to_gather() -> None:
+    """With the already-distributed check off (as ``mnify lint --fix`` runs): mnify's wrapper
+    gets ``gather=True``; ChainerMN's cannot, and the report says so."""
+    distributed = (
+        HEAD
+        + "from mnify import runtime as mn\n"
+        + textwrap.dedent(OVERRIDES)
+        + textwrap.dedent(
+            """
+
+        def main():
+            comm = mn.create_communicator('flat')
+            trainer = make_trainer(comm)
+            trainer.extend(mn.create_multi_node_evaluator(MapEvaluator(test_iter, model), comm))
+            trainer.extend(mn.create_multi_node_evaluator(OnlyInit(test_iter, model), comm))
+        """
+        )
+    )
+    result = convert(distributed, leave_distributed=False)
+    assert extend_lines(result.output or "") == [
+        "trainer.extend(mn.create_multi_node_evaluator(MapEvaluator(test_iter, model), comm, gather=True))",
+        "trainer.extend(mn.create_multi_node_evaluator(OnlyInit(test_iter, model), comm))",
+    ]
+    assert convert(result.output or "", leave_distributed=False).output == result.output
+    assert convert(distributed).output == distributed  # left alone by default
+    chainermn = distributed.replace("from mnify import runtime as mn", "import chainermn as mn")
+    result = convert(chainermn, leave_distributed=False)
+    assert "gather" not in (result.output or "")
+    (entry,) = [e for e in evaluator_entries(result) if e[0] == "needs-person"]
+    assert "GenericMultiNodeEvaluator" in entry[1]
+
+
+def _context(source: str, **options: Any) -> FileContext:
+    module = cst.parse_module(source)
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    collector = FactCollector()
+    wrapper.visit(collector)
+    return FileContext(
+        "train.py", "train", source, wrapper, module, collector.facts, ConvertOptions(**options)
+    )
+
+
+def test_which_test_iterators_keep_the_whole_set() -> None:
+    source = script(
+        OVERRIDES,
+        """\
+        trainer.extend(MapEvaluator({'main': test_iter}, model))
+        trainer.extend(OnlyInit(train_iter, model), name='only_init')
+        trainer.extend(FromMap(chainer.iterators.SerialIterator(test, 4, repeat=False), model))
+        """,
+    )
+    ctx = _context(source)
+    assert evaluator_classes(ctx) == {"MapEvaluator": True, "FromMap": True, "OnlyInit": False}
+    assert full_test_iterators(ctx) == set()
+    assert gathered_test_iterators(ctx) == {"test_iter"}
+    chainermn = _context(source, target="chainermn")
+    assert full_test_iterators(chainermn) == {"test_iter"}
+    assert gathered_test_iterators(chainermn) == set()
+    iterators = [c for c in chainermn.facts.calls if c.qname.endswith("SerialIterator")]
+    kept = [keeps_full_test_set(chainermn, c) for c in iterators]
+    assert kept == [False, True, True]  # train_iter, test_iter, the inline one
+    assert [keeps_full_test_set(ctx, c) for c in iterators] == [False, False, False]
+    model_parallel = _context(source, model_parallel="channel", target="chainermn")
+    assert full_test_iterators(model_parallel) == set()
+
+
+# ---------------------------------------------------------------------------- end to end
+def _fixture_module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"fixture_{name}", FIXTURES / f"{name}.in.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _last_log(path: Path) -> dict[str, float]:
+    entries = json.loads(path.read_text())
+    assert entries, "empty log"
+    return entries[-1]  # type: ignore[no-any-return]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_converted_detection_reports_the_whole_test_set_map(ranks: int, tmp_path: Path) -> None:
+    """The converted detection script's logged mAP is the one-process mAP of the test set
+    with the weights rank 0 saved (evaluation and snapshot see the same weights)."""
+    import chainer
+
+    case = BY_NAME["detection_map"]
+    outputs = _converted(case)
+    (text,) = outputs.values()
+    assert "comm, gather=True)" in text
+    n, batch = 36, 4
+    args = ["--synthetic", str(n), "--batchsize", str(batch), "--epoch", "1", "--out", "result"]
+    run = _run_on_ranks(ranks, _install(case, outputs, tmp_path / "code"), args, tmp_path)
+    assert run.returncode == 0, run.output
+    logged = _last_log(tmp_path / "rank0" / "result" / "log")
+    fixture = _fixture_module("detection_map")
+    detector = fixture.TinyDetector(n_fg_class=len(fixture.LABEL_NAMES))
+    chainer.serializers.load_npz(tmp_path / "rank0" / "result" / "detector_epoch_1", detector)
+    test = fixture.synthetic_detection(max(n // 4, 4), 1)
+    evaluator = fixture.DetectionMAPEvaluator(
+        chainer.iterators.SerialIterator(test, batch, repeat=False, shuffle=False),
+        detector,
+        label_names=fixture.LABEL_NAMES,
+    )
+    evaluator.name = "validation"
+    reporter = chainer.Reporter()
+    reporter.add_observer("validation/main", detector)
+    with reporter:
+        expected = {k: float(v) for k, v in evaluator().items()}
+    assert expected["validation/main/map"] == logged["validation/main/map"], (expected, logged)
+    for name in fixture.LABEL_NAMES:
+        key = f"validation/main/ap/{name}"
+        assert np.isclose(expected[key], logged[key], equal_nan=True, rtol=0, atol=0), key
+
+
+@pytest.mark.mpi
+def test_converted_no_reset_iterator_evaluates_every_example(tmp_path: Path) -> None:
+    """The user's evaluation iterator has no reset(): each evaluation copies it, so every
+    epoch's validation loss is the loss over the whole test set (per example), never empty."""
+    import chainer
+    import chainer.functions as F
+
+    case = BY_NAME["eval_iterator_no_reset"]
+    outputs = _converted(case)
+    args = ["--length", "300", "--batchsize", "8", "--epoch", "2", "--unit", "8", "--out", "result"]
+    run = _run_on_ranks(2, _install(case, outputs, tmp_path / "code"), args, tmp_path)
+    assert run.returncode == 0, run.output
+    log = json.loads((tmp_path / "rank0" / "result" / "log").read_text())
+    assert [e["epoch"] for e in log] == [1, 2]
+    assert all("validation/main/loss" in e for e in log)
+    fixture = _fixture_module("eval_iterator_no_reset")
+    model = fixture.WindowRegressor(16, 8)
+    chainer.serializers.load_npz(tmp_path / "rank0" / "result" / "regressor.npz", model)
+    rng = np.random.RandomState(0)
+    signal = np.sin(np.arange(300) * 0.07) + 0.1 * rng.randn(300)
+    test = fixture.make_windows(signal[240:], 16)
+    x, t = chainer.dataset.concat_examples(test[:])
+    with chainer.no_backprop_mode(), chainer.using_config("train", False):
+        y = model.l2(F.tanh(model.l1(x)))
+    expected = float(np.mean((y.array - t) ** 2))
+    np.testing.assert_allclose(log[-1]["validation/main/loss"], expected, rtol=1e-5)
+
+
+def test_fixtures_are_converted_as_the_pattern_says() -> None:
+    detection = convert_sources(
+        {"detection_map.in.py": (FIXTURES / "detection_map.in.py").read_text()}
+    )[0]
+    assert detection.error is None
+    assert (
+        "DetectionMAPEvaluator(test_iter, detector, label_names=LABEL_NAMES),\n            comm, gather=True)"
+        in (detection.output or "")
+    )
+    no_reset = BY_NAME["eval_iterator_no_reset"]
+    (text,) = _converted(no_reset).values()
+    assert "mn.create_multi_node_evaluator(extensions.Evaluator(test_iter, model), comm)" in text
+    options = dataclasses.replace(no_reset.options, target="chainermn")
+    chainermn = convert_sources(
+        {"detection_map.in.py": (FIXTURES / "detection_map.in.py").read_text()}, options
+    )[0]
+    assert chainermn.error is None and "gather" not in (chainermn.output or "")
