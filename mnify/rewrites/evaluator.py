@@ -186,11 +186,9 @@ def gathered_test_iterators(ctx: FileContext) -> set[str]:
     return {name for site in _whole_set_sites(ctx) for name in site.names}
 
 
-def keeps_full_test_set(ctx: FileContext, iterator: CallFact) -> bool:
-    """Whether this iterator construction (assigned to a name of :func:`full_test_iterators`,
-    or built inline as such an evaluator's argument) must get the whole test set."""
-    if not ctx.options.data_parallel or _gathers(ctx):
-        return False
+def _feeds_whole_set_evaluator(ctx: FileContext, iterator: CallFact) -> bool:
+    """This iterator construction is assigned to a whole-set evaluator's iterator variable or
+    built inline as such an evaluator's argument."""
     for site in _whole_set_sites(ctx):
         if any(inline is iterator.node for inline in site.inline):
             return True
@@ -198,6 +196,22 @@ def keeps_full_test_set(ctx: FileContext, iterator: CallFact) -> bool:
             if fact.value is iterator.node and set(fact.targets) & site.names:
                 return True
     return False
+
+
+def keeps_full_test_set(ctx: FileContext, iterator: CallFact) -> bool:
+    """Whether this iterator construction must get the whole test set (not scattered): it
+    feeds a whole-set evaluator under ``--target chainermn`` (see :func:`full_test_iterators`)."""
+    if not ctx.options.data_parallel or _gathers(ctx):
+        return False
+    return _feeds_whole_set_evaluator(ctx, iterator)
+
+
+def gathers_test_set(ctx: FileContext, iterator: CallFact) -> bool:
+    """Whether this iterator construction feeds an evaluator wrapped with ``gather=True``
+    (``--target mnify``): scatter its dataset with ``force_equal_length=False``."""
+    if not ctx.options.data_parallel or not _gathers(ctx):
+        return False
+    return _feeds_whole_set_evaluator(ctx, iterator)
 
 
 def _scattered_datasets(ctx: FileContext, site: _WholeSet) -> list[str]:

@@ -31,6 +31,7 @@ from mnify.rewrites.evaluator import (
     evaluator_classes,
     full_test_iterators,
     gathered_test_iterators,
+    gathers_test_set,
     keeps_full_test_set,
 )
 from mnify.rewrites.facts import FactCollector
@@ -284,7 +285,10 @@ def test_which_test_iterators_keep_the_whole_set() -> None:
     iterators = [c for c in chainermn.facts.calls if c.qname.endswith("SerialIterator")]
     kept = [keeps_full_test_set(chainermn, c) for c in iterators]
     assert kept == [False, True, True]  # train_iter, test_iter, the inline one
-    assert [keeps_full_test_set(ctx, c) for c in iterators] == [False, False, False]
+    assert [gathers_test_set(chainermn, c) for c in iterators] == [False, False, False]
+    own = [c for c in ctx.facts.calls if c.qname.endswith("SerialIterator")]
+    assert [keeps_full_test_set(ctx, c) for c in own] == [False, False, False]
+    assert [gathers_test_set(ctx, c) for c in own] == [False, True, True]
     model_parallel = _context(source, model_parallel="channel", target="chainermn")
     assert full_test_iterators(model_parallel) == set()
 
