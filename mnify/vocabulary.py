@@ -505,6 +505,10 @@ WRITER_METHODS = frozenset({"savefig", "to_csv"})
 IMAGE_FACTORIES = frozenset({"PIL.Image.fromarray", "PIL.Image.new", "PIL.Image.open"})
 # open() modes that write.
 WRITE_MODES = ("w", "a", "x", "+")
+OPEN_FUNCTIONS = frozenset({"builtins.open", "io.open"})
+# Creating a directory on every rank is harmless with exist_ok (lint does not flag it; the
+# converter still puts result-directory creation on rank 0 with the rest of the writing).
+DIRECTORY_MAKERS = frozenset({"os.makedirs", "os.mkdir"})
 # Decorators and base classes that make a user function or class a Trainer extension.
 EXTENSION_DECORATORS = frozenset(
     {"chainer.training.make_extension", "chainer.training.extension.make_extension"}

@@ -23,6 +23,7 @@ from mnify.lint.rules.data_parallel import (
     OptimizerNotMultiNode,
     PlainBatchNormalization,
     PlainEvaluator,
+    UnequalShardsInLockstep,
 )
 from mnify.lint.rules.device import (
     DeviceSelectedAfterPlacement,
@@ -61,6 +62,7 @@ ALL_RULES: tuple[type[Rule], ...] = tuple(
             OptimizerNotMultiNode,
             NoScatterDataset,
             PlainEvaluator,
+            UnequalShardsInLockstep,
             GlobalBatchGrowsLearningRateUnchanged,
             PrintOnEveryRank,
         ),

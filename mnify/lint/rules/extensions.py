@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import argument
+from mnify.lint.context import argument, string_value
 from mnify.lint.rule import AppliesTo, Rule
 
 
@@ -58,10 +58,13 @@ class UnguardedReportingExtension(Rule):
 
 
 class FileSavedOnEveryRank(Rule):
-    """Fires, in a distributed script, on ``chainer.serializers.save_npz``/``save_hdf5`` calls
-    that run on every rank (not inside a rank-conditional ``if``, not after a rank-conditional
-    early exit) and whose file name (first argument or ``file=``) does not mention a rank, so
-    every rank writes the same path."""
+    """Fires, in a distributed script, on a call that writes a file and runs on every rank (not
+    inside a rank-conditional ``if``, not after a rank-conditional early exit) when the path it
+    writes (its first argument or ``file=``) does not mention a rank, so every rank writes the
+    same path: ``chainer.serializers.save_*``, ``np.save``/``savez``/``savetxt``,
+    ``pickle.dump``/``json.dump`` (which write to a file object), ``savefig``, image writers
+    (``cv2.imwrite``, ``imageio.imwrite``, ``PIL.Image...save``), ``shutil`` copies, and
+    ``open(path, 'w'/'a'/'x')``."""
 
     code = "MN402"
     name = "file-saved-on-every-rank"
@@ -84,9 +87,22 @@ class FileSavedOnEveryRank(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         ctx = self.ctx
-        if not N.any_is(ctx.callee_names(node), N.is_serializer_save) or ctx.on_some_ranks():
+        if ctx.on_some_ranks() or not self._writes(node):
             return
         target = argument(node, 0, "file")
         if target is not None and ctx.find_rank(target, ("global", "intra", "inter")):
             return
         self.report(node)
+
+    def _writes(self, node: cst.Call) -> bool:
+        names = self.ctx.callee_names(node)
+        if N.any_is(names, N.is_file_writer) and not N.any_in(names, N.DIRECTORY_MAKERS):
+            return True
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in N.WRITER_METHODS:
+            return True
+        if N.any_in(names, N.OPEN_FUNCTIONS):
+            mode = argument(node, 1, "mode")
+            text = string_value(mode) if mode is not None else None
+            return text is not None and any(flag in text for flag in N.WRITE_MODES)
+        return False
