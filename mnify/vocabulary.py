@@ -453,6 +453,10 @@ def is_library_bn_model(qname: str) -> bool:
     return under(qname, "chainer.links") and last(qname) in BN_LIBRARY_MODELS
 
 
+def is_transform_dataset(qname: str) -> bool:
+    return under(qname, "chainer.datasets") and last(qname) == "TransformDataset"
+
+
 def is_link_name(qname: str) -> bool:
     """Anything in ``chainer.links`` (a layer constructor: allocation, not work)."""
     return under(qname, "chainer.links")

@@ -150,7 +150,7 @@ def _convert_with_progress(
     type=click.Choice(["auto", "naive", "flat", "hierarchical", "pure_nccl"]),
     default="auto",
     show_default=True,
-    help="auto: naive on CPU runs, pure_nccl on GPU runs, decided from the script's device flag.",
+    help="auto: flat on CPU runs (naive with --target chainermn), pure_nccl on GPU runs, decided from the script's device flag.",
 )
 @click.option(
     "--scaling",
@@ -158,6 +158,21 @@ def _convert_with_progress(
     default="weak",
     show_default=True,
     help="weak: per-rank batch as written; strong: the global batch is kept (divided by ranks).",
+)
+@click.option(
+    "--scale-lr",
+    type=click.Choice(["none", "linear"]),
+    default="none",
+    show_default=True,
+    help="linear: with weak scaling, the learning rate times the number of ranks, reached by a "
+    "linear warm-up (Goyal et al.); never applied unless asked.",
+)
+@click.option(
+    "--warmup-epochs",
+    type=click.IntRange(min=0),
+    default=None,
+    help="With --scale-lr linear: epochs over which the learning rate reaches its scaled value "
+    "[default: 5].",
 )
 @click.option(
     "--model-parallel",
@@ -183,6 +198,8 @@ def convert(
     target: str,
     communicator: str,
     scaling: str,
+    scale_lr: str,
+    warmup_epochs: int | None,
     model_parallel: str,
     report_path: Path | None,
     color: bool | None,
@@ -195,6 +212,8 @@ def convert(
         raise click.UsageError(f"{' and '.join(modes)} cannot be combined")
     if check and modes:
         raise click.UsageError(f"--check writes nothing; drop {modes[0]}")
+    if warmup_epochs is not None and scale_lr != "linear":
+        raise click.UsageError("--warmup-epochs only applies with --scale-lr linear")
     if output is not None:
         _check_output(src, output)
     if outtree is not None:
@@ -203,6 +222,8 @@ def convert(
         target=target,  # type: ignore[arg-type]
         communicator=communicator,  # type: ignore[arg-type]
         scaling=scaling,  # type: ignore[arg-type]
+        scale_lr=scale_lr,  # type: ignore[arg-type]
+        warmup_epochs=5 if warmup_epochs is None else warmup_epochs,
         model_parallel=model_parallel,  # type: ignore[arg-type]
     )
     failures = _Failures()

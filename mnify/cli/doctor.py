@@ -97,7 +97,7 @@ def render_text(report: dict[str, Any], console: Console) -> None:
             console,
             None,
             "gpu",
-            f"no GPU run possible: {g['reason']}; {driver}. CPU runs use 'naive'.",
+            f"no GPU run possible: {g['reason']}; {driver}. CPU runs use 'flat' ('naive' under --target chainermn).",
         )
 
     env = report["forwarded_env"]

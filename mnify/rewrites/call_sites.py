@@ -236,6 +236,8 @@ def _models_built_elsewhere(ctx: FileContext, lifts: list[Lift]) -> None:
             inner_fact = ctx.facts.call_of(inner)
             if inner_fact is None or vocab.is_chainer_name(inner_fact.qname):
                 continue
+            if any(_matches(ctx, inner_fact, lift) for lift in lifts if lift.kind == "mnbn"):
+                continue  # L.Classifier(Net()): Net() itself is converted where it is built
         if ctx.plan.nodes.get(id(fact.node)) is not None or ctx.suppressed(fact.node, "batchnorm"):
             continue
         comm = ctx.comm_at(assigns[0].func, "create_mnbn_model")
@@ -315,7 +317,7 @@ def _guard_call(ctx: FileContext, call: CallFact, target: cst.Call, lift: Lift) 
             "put on rank 0 (its value is used, or it reaches a collective): split the writing out",
         )
         return
-    if id(stmt) in ctx.facts.under_rank0 or ctx.plan.is_guarded(stmt):
+    if ctx.on_rank0_already(stmt) or ctx.plan.is_guarded(stmt):
         return
     code = "MN401" if target is not call.node or lift.name in ctx.writing_extensions else "MN402"
     if ctx.suppressed(stmt, "rank0-guard", code):

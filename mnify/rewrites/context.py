@@ -221,6 +221,18 @@ class FileContext:
             return self.entry.comm
         return None
 
+    def on_rank0_already(self, stmt: cst.BaseStatement) -> bool:
+        """Under ``if comm.rank == 0:`` in the input, or inside a statement already planned to
+        be guarded (a guard inside a guard says nothing)."""
+        if id(stmt) in self.facts.under_rank0:
+            return True
+        parent = self.facts.parent_statement(stmt)
+        while parent is not None:
+            if self.plan.is_guarded(parent):
+                return True
+            parent = self.facts.parent_statement(parent)
+        return False
+
     def returns_value_of(self, func: cst.FunctionDef, call: cst.Call) -> bool:
         """Whether the helper ``func`` returns what ``call`` built (``return Adam()``, or
         ``opt = Adam(); ...; return opt``), so wrapping the helper's result wraps that object."""

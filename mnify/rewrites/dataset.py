@@ -50,6 +50,7 @@ class _BlockWork:
     first_iterator: int
     datasets: dict[str, bool] = field(default_factory=dict)  # name -> shuffle (training)
     sites: list[CallFact] = field(default_factory=list)
+    firsts: dict[str, int] = field(default_factory=dict)  # name -> its first iterator's index
 
 
 def is_user_iterator(qname: str) -> bool:
@@ -117,9 +118,13 @@ def plan(ctx: FileContext) -> None:
             if item is None:
                 item = work[id(block.owner)] = _BlockWork(list(block.body), block.func, index)
             item.first_iterator = min(item.first_iterator, index)
+            item.firsts[name] = min(item.firsts.get(name, index), index)
             item.datasets[name] = item.datasets.get(name, False) or train
             item.sites.append(call)
         else:
+            inner = ctx.facts.call_of(arg.value)
+            if inner is not None and vocab.is_scatter(inner.qname):
+                continue  # scattered inline already
             comm = ctx.comm_at(call.func, "dataset")
             if comm is None:
                 ctx.note(call.node, "dataset", "needs-person", "scatter this dataset by hand")
@@ -186,16 +191,19 @@ def _is_rank_if(stmt: cst.BaseStatement) -> bool:
 
 
 def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
+    """The datasets of the iterators of one block: a post-training tail first, then each group
+    of datasets loaded together (``train, test = get_mnist()``), from its own loading up to its
+    own first iterator (a test set loaded after the training iterator is scattered there)."""
     comm = ctx.comm_at(item.func, "dataset")
-    site = item.sites[0].node
     if comm is None:
-        ctx.note(site, "dataset", "needs-person", "datasets here cannot see the communicator")
+        ctx.note(
+            item.sites[0].node,
+            "dataset",
+            "needs-person",
+            "datasets here cannot see the communicator",
+        )
         return
     scatter = ctx.runtime.top("scatter_dataset")
-    body = item.body
-    wanted = set(item.datasets)
-    defs = _defining_statements(ctx, item, wanted)
-    ordered = sorted(item.datasets)
     whole = _plan_tail(ctx, item, comm)
     for d in sorted(whole):
         # the tail reads the whole dataset: scatter it where the iterators take it instead
@@ -205,11 +213,75 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
                 shuffle = ", shuffle=True" if item.datasets[d] else ""
                 value = f"{scatter}({d}, {comm}{shuffle})"
                 ctx.plan.replace_node(arg, _arg_value(value), call.stmt)
+    for k, group in enumerate(_groups(ctx, item)):
+        first = min(item.firsts[d] for d in group)
+        sub = _BlockWork(
+            item.body,
+            item.func,
+            first,
+            {d: item.datasets[d] for d in group},
+            [c for c in item.sites if _site_dataset(c) in group],
+            {d: item.firsts[d] for d in group},
+        )
+        _plan_group(ctx, sub, f"{n}.{k}", whole, comm, scatter)
+
+
+def _site_dataset(call: CallFact) -> str | None:
+    arg = dataset_arg(call.node)
+    return arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else None
+
+
+def _groups(ctx: FileContext, item: _BlockWork) -> list[set[str]]:
+    """Datasets that share a loading statement (before their first iterators) go together."""
+    groups: list[tuple[set[str], set[int]]] = []
+    for d in sorted(item.datasets):
+        alone = _BlockWork(item.body, item.func, item.firsts[d], {d: item.datasets[d]})
+        defs = set(_defining_statements(ctx, alone, {d}))
+        merged = [g for g in groups if g[1] & defs]
+        names, indices = {d}, set(defs)
+        for g in merged:
+            names |= g[0]
+            indices |= g[1]
+            groups.remove(g)
+        groups.append((names, indices))
+    return [g[0] for g in sorted(groups, key=lambda g: (min(g[1], default=-1), sorted(g[0])))]
+
+
+def _plan_group(
+    ctx: FileContext,
+    item: _BlockWork,
+    n: str,
+    whole: set[str],
+    comm: str,
+    scatter: str,
+) -> None:
+    site = item.sites[0].node
+    body = item.body
+    wanted = set(item.datasets)
+    defs = _defining_statements(ctx, item, wanted)
+    ordered = sorted(item.datasets)
+    by_index = {d for d in wanted if _transformed(ctx, d, body, defs)}
+    chainer = ctx.facts.local_name_of("chainer")
+    if chainer is None:
+        by_index = set()
+    index_of = ctx.spell.top("scatter_index")
     scatters = [
-        statement(f"{d} = {scatter}({d}, {comm}{', shuffle=True' if item.datasets[d] else ''})\n")
+        statement(
+            f"{d} = {chainer}.datasets.SubDataset({d}, *{index_of}(len({d}), {comm}))\n"
+            if d in by_index
+            else f"{d} = {scatter}({d}, {comm}{', shuffle=True' if item.datasets[d] else ''})\n"
+        )
         for d in _in_order(ordered, body, defs)
         if d not in whole
     ]
+    for d in sorted(by_index):
+        ctx.note(
+            site,
+            "dataset",
+            "info",
+            f"{d} is a TransformDataset (its transform may hold a model): every rank builds it "
+            f"and keeps its slice by index ({index_of}), so nothing is pickled",
+        )
     label = ", ".join(_in_order(ordered, body, defs))
     if not scatters:
         ctx.note(site, "dataset", "changed", f"scatter {label} where the iterators take it")
@@ -250,17 +322,20 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
         if names_in([stmt]) & wanted and not _is_print(ctx, stmt)
     ]
     later = names_in(body[end + 1 :])
-    units = None if readers else _loading_units(ctx, body[start : end + 1], wanted, later)
+    units = (
+        None if readers or by_index else _loading_units(ctx, body[start : end + 1], wanted, later)
+    )
     if units is None:
         # Code between the loading and the iterators reads the datasets (a vocabulary size,
         # say), or the loading defines more than the datasets: every rank loads, and the
         # scatter goes right before the iterators so that code still sees the whole data.
         ctx.plan.insert_before(body[first], scatters)
-        why = (
-            f"line {ctx.line(readers[0])} reads the whole dataset before the iterators"
-            if readers
-            else "those lines also define what every rank needs"
-        )
+        if readers:
+            why = f"line {ctx.line(readers[0])} reads the whole dataset before the iterators"
+        elif by_index:
+            why = "a TransformDataset is built on every rank and sliced by index"
+        else:
+            why = "those lines also define what every rank needs"
         ctx.note(
             body[start],
             "dataset",
@@ -278,7 +353,8 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
             ctx.plan.unguard(stmt)
             ctx.plan.guard_stmt(stmt, Guard(f"data{n}", tuple(names) if last else ()))
     ctx.plan.insert_after(body[end], scatters)
-    for name in ordered:
+    loaded = {b for run in _runs(ctx, units) for _, bound in run for b in bound}
+    for name in [d for d in ordered if d in loaded]:
         claim: Claim = ("rank0-loads", name)
         ctx.note(
             body[start],
@@ -367,6 +443,18 @@ def _plan_tail(ctx: FileContext, item: _BlockWork, comm: str) -> set[str]:
         "which keeps the whole data (the other ranks finish)",
     )
     return read
+
+
+def _transformed(
+    ctx: FileContext, name: str, body: list[cst.BaseStatement], defs: list[int]
+) -> bool:
+    """The dataset is last bound to a ``TransformDataset`` among its loading statements."""
+    for i in reversed(defs):
+        for a in ctx.facts.assigns_of(name):
+            if a.stmt is body[i]:
+                fact = ctx.facts.call_of(a.value)
+                return fact is not None and vocab.is_transform_dataset(fact.qname)
+    return False
 
 
 def _is_print(ctx: FileContext, stmt: cst.BaseStatement) -> bool:

@@ -482,6 +482,17 @@ def check_claims(ctx: FileContext, output: str) -> None:
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if name == "scatter_dataset":
                 scattered.add(node.args[0].id)
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            size = node.args[0]
+            if (
+                name == "scatter_index"
+                and isinstance(size, ast.Call)
+                and size.args
+                and isinstance(size.args[0], ast.Name)
+            ):
+                scattered.add(size.args[0].id)
     for entry, (kind, subject) in ctx.claims:
         if kind == "guarded":
             assert isinstance(subject, cst.CSTNode)

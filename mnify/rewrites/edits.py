@@ -216,7 +216,8 @@ class ApplyEdits(cst.CSTTransformer):
                     # Comments above the original statement stay above what is inserted before it.
                     lead = _leading(node)
                     node = node.with_changes(leading_lines=())
-                    before = [before[0].with_changes(leading_lines=lead), *before[1:]]
+                    first = before[0].with_changes(leading_lines=(*lead, *_leading(before[0])))
+                    before = [first, *before[1:]]
                 out.extend([*before, node, *after])
             else:
                 inner = [updated[j] for j in run]

@@ -232,7 +232,7 @@ def plan(ctx: FileContext) -> None:
     seen: set[int] = set()
     for call in ctx.facts.calls:
         stmt = call.stmt
-        if stmt is None or id(stmt) in seen or id(stmt) in ctx.facts.under_rank0:
+        if stmt is None or id(stmt) in seen or ctx.on_rank0_already(stmt):
             continue
         what = _writer_name(ctx, call)
         if what is None:

@@ -204,3 +204,33 @@ def test_a_post_training_tail_reading_the_test_set_runs_on_rank_0_with_all_of_it
     )
     assert not any(line.startswith("test = mn.scatter_dataset") for line in body)
     assert body[-1].startswith("if comm.rank == 0:\n    x, t = test[0]")
+
+
+def test_a_test_set_loaded_after_the_training_iterator_is_scattered_after_its_loading() -> None:
+    source = HEAD + textwrap.dedent(
+        """\
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            model = L.Classifier(L.Linear(None, 10))
+            train = chainer.datasets.TransformDataset(chainer.datasets.get_mnist()[0], lambda x: x)
+            train_iter = chainer.iterators.SerialIterator(train, 8)
+            test = chainer.datasets.get_mnist()[1]
+            test_iter = chainer.iterators.SerialIterator(test, 8, repeat=False)
+            optimizer = chainer.optimizers.SGD()
+            optimizer.setup(model)
+            trainer = training.Trainer(training.StandardUpdater(train_iter, optimizer), (1, 'epoch'))
+            trainer.run()
+        """
+    )
+    result = convert_source(source)
+    assert result.error is None, result.error
+    body = _main(result.output or "")
+    # a TransformDataset is built on every rank and sliced by index: nothing pickled
+    sliced = "train = chainer.datasets.SubDataset(train, *mn.scatter_index(len(train), comm))"
+    assert body.index(sliced) < body.index(
+        "train_iter = chainer.iterators.SerialIterator(train, 8)"
+    )
+    loading = next(i for i, line in enumerate(body) if "get_mnist()[1]" in line)
+    assert body[loading].startswith("if comm.rank == 0:")
+    assert body[loading + 1] == "test = mn.scatter_dataset(test, comm)"
