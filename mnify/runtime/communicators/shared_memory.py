@@ -52,6 +52,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mnify.runtime import kernels, rank_state
+from mnify.runtime.communicators.buckets import ScalePlacement, place_scale
 
 ENV = "MNIFY_SHARED_MEMORY"  # "0" turns this path off (MPI Allreduce instead)
 
@@ -118,6 +119,29 @@ def share_bounds(n: int, size: int, itemsize: int) -> list[int]:
     lines (so no two ranks write the same line of the result)."""
     step = max(1, _LINE // itemsize)
     return [min(n, (n * q // size) // step * step) if q < size else n for q in range(size + 1)]
+
+
+class _Bucket:
+    """One bucket on its way through the segment: its pieces, its slots (every rank's input
+    row, then the result row), this rank's share and where the scale goes. ``direct``: the
+    bucket is one piece of the wire dtype whose scale is not needed before the sum, so it is
+    read and written in place."""
+
+    __slots__ = ("views", "slots", "share", "placement", "k", "scale", "direct")
+
+    def __init__(
+        self,
+        views: list[np.ndarray],
+        slots: np.ndarray,
+        share: tuple[int, int],
+        placement: ScalePlacement,
+        k: int,
+        scale: float,
+    ) -> None:
+        self.views, self.slots, self.share = views, slots, share
+        self.placement, self.k, self.scale = placement, k, scale
+        one_piece = len(views) == 1 and views[0].dtype == slots.dtype
+        self.direct = views[0] if one_piece and placement.before == 1.0 else None
 
 
 class SharedMemoryReducer:
@@ -214,26 +238,29 @@ class SharedMemoryReducer:
         (the watchdog) bounds each counter wait.
         """
         queue = iter(buckets)
-        current = next(queue, None)
-        if current is None:
+        first = next(queue, None)
+        if first is None:
             return
         k = self._buckets
         started = time.monotonic()
-        self._publish(current, k, scale)
+        opening = self._bucket(first, k, scale)
+        self._publish(opening)
+        current: _Bucket | None = opening
         self._wait(_PUBLISHED, k + 1, barrier, deadline, started)
         while current is not None:
-            self._reduce_share(current, k)
+            self._reduce_share(current)
             self._raise(_REDUCED, k + 1)
             following = next(queue, None)
-            if following is not None:
+            upcoming = None if following is None else self._bucket(following, k + 1, scale)
+            if upcoming is not None:
                 # overlaps the others' reductions; a rank publishes bucket k + 1 only after
                 # reducing bucket k, so one wait covers both
-                self._publish(following, k + 1, scale)
+                self._publish(upcoming)
                 self._wait(_PUBLISHED, k + 2, barrier, deadline, started)
             else:
                 self._wait(_REDUCED, k + 1, barrier, deadline, started)
-            self._copy_out(current, k)
-            current = following
+            self._copy_out(current)
+            current = upcoming
             k += 1
         self._buckets = k
 
@@ -246,42 +273,64 @@ class SharedMemoryReducer:
             self._typed[key] = typed
         return typed
 
-    def _publish(self, bucket: tuple[list[np.ndarray], np.ndarray], k: int, scale: float) -> None:
-        """This rank's bucket ``k``, cast and times ``scale``, into its input slot; announced."""
+    def _bucket(self, bucket: tuple[list[np.ndarray], np.ndarray], k: int, scale: float) -> _Bucket:
         views, buf = bucket
-        mine = self._typed_slots(k & 1, buf.dtype)[self.rank, : buf.size]
-        if len(views) == 1 and views[0].dtype == buf.dtype:
-            # the common case (a slice of one large array): skip the general packing
-            if scale == 1.0:
-                np.copyto(mine, views[0])
-            else:
-                work = kernels.scale_dtype(buf.dtype, buf.dtype)  # float16 scales in float32
-                np.multiply(views[0], work.type(scale), out=mine, dtype=work, casting="unsafe")
-        else:
-            kernels.pack(views, mine, scale)
-        self._raise(_PUBLISHED, k + 1)
-
-    def _reduce_share(self, bucket: tuple[list[np.ndarray], np.ndarray], k: int) -> None:
-        """This rank's share of bucket ``k``: the input slots summed in rank order."""
-        n, wire = bucket[1].size, bucket[1].dtype
+        n, wire = int(buf.size), buf.dtype
         key = (n, wire.itemsize)
         share = self._shares.get(key)
         if share is None:
             bounds = share_bounds(n, self.size, wire.itemsize)
             share = self._shares[key] = (bounds[self.rank], bounds[self.rank + 1])
-        lo, hi = share
+        placement = place_scale(scale, wire, self.size)
+        return _Bucket(views, self._typed_slots(k & 1, wire)[:, :n], share, placement, k, scale)
+
+    def _publish(self, b: _Bucket) -> None:
+        """This rank's bucket, cast (and times the scale when it goes before the sum) into its
+        input slot; announced. A bucket that is one piece of the wire dtype publishes only the
+        other ranks' shares: this rank sums its own share straight from the piece."""
+        mine = b.slots[self.rank]
+        if b.direct is not None:
+            lo, hi = b.share
+            np.copyto(mine[:lo], b.direct[:lo])
+            np.copyto(mine[hi:], b.direct[hi:])
+        else:
+            kernels.pack(b.views, mine, b.placement.before)
+        self._raise(_PUBLISHED, b.k + 1)
+
+    def _reduce_share(self, b: _Bucket) -> None:
+        """This rank's share of the bucket: every rank's contribution summed (in rank order, or
+        this rank's first for a one-piece bucket, which is summed in place; each share is summed
+        by one rank only, so every rank gets the same bits either way), then times the scale
+        where the reduction averages, written to the result slot."""
+        lo, hi = b.share
         if lo == hi:
             return
-        slots = self._typed_slots(k & 1, wire)[:, lo:hi]
-        self._sum(slots[: self.size], slots[self.size])
-
-    def _copy_out(self, bucket: tuple[list[np.ndarray], np.ndarray], k: int) -> None:
-        views, buf = bucket
-        result = self._typed_slots(k & 1, buf.dtype)[self.size, : buf.size]
-        if len(views) == 1 and views[0].dtype == buf.dtype:
-            np.copyto(views[0], result)
+        parts = [b.slots[q, lo:hi] for q in range(self.size)]
+        out = b.slots[self.size, lo:hi]
+        if b.direct is not None:
+            # summed into the piece itself, so its own values must be read first
+            out = b.direct[lo:hi]
+            parts = [out] + parts[: self.rank] + parts[self.rank + 1 :]
+        if self.size == 1:
+            np.copyto(out, parts[0])
         else:
-            kernels.unpack(result, views)
+            np.add(parts[0], parts[1], out=out)
+            for part in parts[2:]:
+                np.add(out, part, out=out)
+        if b.placement.average:
+            work = kernels.scale_dtype(out.dtype, out.dtype)
+            np.multiply(out, work.type(b.scale), out=out, dtype=work, casting="unsafe")
+        if b.direct is not None:
+            np.copyto(b.slots[self.size, lo:hi], out)
+
+    def _copy_out(self, b: _Bucket) -> None:
+        result = b.slots[self.size]
+        if b.direct is not None:  # this rank's own share is already in place
+            lo, hi = b.share
+            np.copyto(b.direct[:lo], result[:lo])
+            np.copyto(b.direct[hi:], result[hi:])
+        else:
+            kernels.unpack(result, b.views)
 
     # -- counters ----------------------------------------------------------------------------------
 
