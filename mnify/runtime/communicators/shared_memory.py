@@ -3,13 +3,19 @@
 An MPI Allreduce followed by the 1/size pass goes over the gradients in memory twice; on one
 host the mean can be a reduce-scatter plus an all-gather inside a segment every rank maps:
 
-1. publish: each rank writes its bucket, cast to the wire dtype and already scaled (the scale
-   is fused into this copy, :func:`~mnify.runtime.communicators.buckets.place_scale`), into its
-   own input slot, then raises its ``published`` counter;
+1. publish: each rank writes its bucket, cast to the wire dtype, into its own input slot, then
+   raises its ``published`` counter;
 2. reduce its share: once every rank has published, rank r sums only its 1/size share of the
-   bucket over all input slots, in rank order, into the shared result slot (one pass), then
-   raises its ``reduced`` counter;
+   bucket over all input slots into the shared result slot (one pass, the 1/size scale applied
+   to the share just summed, while it is in cache), then raises its ``reduced`` counter;
 3. gather: once every rank has reduced, every rank copies the whole result into its gradients.
+
+The scale follows :func:`~mnify.runtime.communicators.buckets.place_scale`, as on the GPU: the
+share reduction averages on float32/float64 wires (like NCCL's ``ncclAvg``); float16 buckets
+are scaled while publishing, before the sum, so float16 sums cannot overflow. A bucket that is
+one piece of the wire dtype (a slice of a large array, most of the bytes) and needs no scale
+before the sum skips two copies: the rank publishes only the other ranks' shares, sums its own
+share straight from (and into) the piece, and copies back only the other shares.
 
 Each element is summed by exactly one rank, so all ranks get bit-identical results. Ranks
 synchronise through sequence counters in the segment (one cache line each; a rank waits by
