@@ -227,3 +227,32 @@ def test_watchdog_path_completes(monkeypatch: pytest.MonkeyPatch) -> None:
         assert cp.asnumpy(c.allreduce(cp.ones(2, cp.float32))).tolist() == [1.0, 1.0]
     finally:
         c.finalize()
+
+
+def test_the_communicator_selects_its_device(comm: Any) -> None:
+    cp = _cp()
+    assert cp.cuda.Device().id == comm.device_id
+    stream = cp.cuda.Stream(non_blocking=True)  # made now: on the communicator's device
+    assert stream.device_id in (-1, comm.device_id)
+
+
+def test_strided_gradients_on_a_side_stream(comm: Any) -> None:
+    """The contiguous copy of a strided gradient is queued before the event the side stream
+    waits on: the reduction reads the finished copy (one rank: the values come back as they
+    were)."""
+    cp = _cp()
+    rng = np.random.default_rng(3)
+    wide = cp.asarray(rng.standard_normal((512, 1024, 2)).astype(np.float32))
+    model = _Model(
+        {
+            "s/W": _Param(cp.zeros((512, 1024), cp.float32), wide[..., 0]),
+            "a/b": _Param(cp.zeros(3, cp.float32), cp.ones(3, cp.float32)),
+        }
+    )
+    before = cp.asnumpy(wide[..., 0])
+    stream = cp.cuda.Stream(non_blocking=True)
+    for _ in range(3):
+        comm.multi_node_mean_grad(model, stream=stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(wide[..., 0]), before)
+    np.testing.assert_array_equal(cp.asnumpy(model.params["a/b"].grad), np.ones(3, np.float32))
