@@ -10,11 +10,16 @@ trace (:mod:`mnify.launch.timeline_merge`) and names stragglers (:mod:`mnify.lau
 
 Recording must be cheap and survive failure, so each rank writes into a file it has mapped into
 memory (``DIR/rank-R.timeline``): a header, an append-only metadata area (JSON lines: the
-process, names, communicators, clock offsets) and a ring of fixed-size event records. An event
-is written when it begins (its end still open) and its end stored when it ends: one
-``pack_into`` and two word stores, no system call. The kernel's page cache holds every store, so
-a rank killed with SIGKILL leaves its completed events and the one it was in (open); a rank that
-hangs leaves everything up to the watchdog's timeout, whose error closes the event it was in.
+process, names, communicators, clock offsets) and a ring of fixed-size event records. A
+collective, point-to-point call or update is written when it begins (its end still open) and
+its end stored when it ends: one ``pack_into`` and two word stores, no system call. The events
+inside a collective (buckets, pack/unpack) cost two clock reads and a list append where they
+happen and are written when the collective ends: in a pipelined reduction another rank spins
+on this one's next bucket, and a few microseconds more per bucket there made the spinning
+ranks give up their cores (bench/timeline.py). The kernel's page cache holds every store, so a
+rank killed with SIGKILL leaves its completed events and the collective it was in (open, its
+buckets lost); a rank that hangs leaves everything up to the watchdog's timeout, whose error
+closes the event it was in.
 When the ring is full the oldest events are overwritten (``MNIFY_TIMELINE_EVENTS``, default
 131072 per rank, 96 bytes each; the file is sparse).
 
@@ -203,6 +208,8 @@ class Recorder:
         self.comm = NO_COMM  # the current collective's communicator and number
         self.seq = 0
         self.device: DeviceSpans | None = None
+        # events measured inside the current collective, written when it ends
+        self.inner: list[tuple[int, ...]] = []
         self._update_at = -1
         self._apply_at = -1
         self._device_apply: Any = None
@@ -293,15 +300,46 @@ class Recorder:
         aux: int,
         start: int,
         end: int,
+        flags: int = 0,
     ) -> None:
-        """A finished event measured elsewhere (the GPU's spans)."""
+        """A finished event measured elsewhere (inside a collective, or by the GPU)."""
         n = self.head
         offset = self._ring + (n % self.capacity) * RECORD_BYTES
         self._pack(
-            self._memory, offset, n + 1, start, end, name, cat, comm, seq, step, nbytes, aux, 0, 0
-        )
+            self._memory, offset, n + 1, start, end, name, cat, comm, seq, step, nbytes, aux,
+            flags, 0,
+        )  # fmt: skip
         self.head = n + 1
         self._words[_H_HEAD] = n + 1
+
+    def later(
+        self,
+        cat: int,
+        name: int,
+        comm: int,
+        seq: int,
+        nbytes: int,
+        aux: int,
+        start: int,
+        end: int,
+        flags: int = 0,
+    ) -> None:
+        """An event measured inside a collective: kept until the collective ends, then written
+        (:meth:`flush_inner`). A reduction's critical path -- where another rank spins on this
+        one's next bucket -- then pays two clock reads and an append per event, not a write."""
+        if not self.depth:
+            self.add(cat, name, comm, seq, self.step, nbytes, aux, start, end, flags)
+            return
+        inner = self.inner
+        inner.append((cat, name, comm, seq, self.step, nbytes, aux, start, end, flags))
+        if len(inner) >= self.capacity:
+            self.flush_inner()
+
+    def flush_inner(self) -> None:
+        add = self.add
+        for item in self.inner:
+            add(*item)
+        self.inner.clear()
 
     # the optimizer's update (see the module functions below)
 
@@ -731,12 +769,14 @@ def _collective(
             rec.flag(at, FLAG_ERROR)
             raise
         finally:
-            if started is not None and device is not None:
-                device.end(started, kwargs.get("stream"), cat, name_id, comm_id, seq, nbytes)
-                device.poll()
             rec.close(at)
             rec.depth = 0
             rec.comm = NO_COMM
+            if rec.inner:
+                rec.flush_inner()
+            if started is not None and device is not None:
+                device.end(started, kwargs.get("stream"), cat, name_id, comm_id, seq, nbytes)
+                device.poll()
 
     return functools.update_wrapper(collective, method)
 
@@ -744,22 +784,28 @@ def _collective(
 def _bucket(
     rec: Recorder, comm_id: int, method: Callable[..., Any], index: int
 ) -> Callable[..., Any]:
+    """One bucket's reduction (``_allreduce_into``, ``_shared_mean``): the bucket's size is
+    argument ``index``."""
     name_id = rec.name_id("bucket")
+    now = rec.now
 
     def bucket(*args: Any, **kwargs: Any) -> Any:
         if rec.in_bucket:
             return method(*args, **kwargs)
         rec.in_bucket = True
         rec.bucket += 1
-        nbytes = int(getattr(args[index], "nbytes", 0)) if len(args) > index else 0
-        at = rec.open(Category.BUCKET, name_id, comm_id, rec.bucket, nbytes, rec.seq)
+        number = rec.bucket
+        flags = 0
+        start = now()
         try:
             return method(*args, **kwargs)
         except BaseException:
-            rec.flag(at, FLAG_ERROR)
+            flags = FLAG_ERROR
             raise
         finally:
-            rec.close(at)
+            end = now()
+            nbytes = int(getattr(args[index], "nbytes", 0)) if len(args) > index else 0
+            rec.later(Category.BUCKET, name_id, comm_id, number, nbytes, rec.seq, start, end, flags)
             rec.in_bucket = False
 
     return functools.update_wrapper(bucket, method)
@@ -770,30 +816,34 @@ def _pipelined(rec: Recorder, comm_id: int, method: Callable[..., Any]) -> Calla
     the iterable once it has published and reduced its share of bucket k, so bucket k's span
     runs from taking it to taking the next (the last one's to the return)."""
     name_id = rec.name_id("bucket")
+    now = rec.now
 
-    def follow(buckets: Iterable[Any], open_at: list[int]) -> Iterator[Any]:
+    def follow(buckets: Iterable[Any], marks: list[tuple[int, int, int]]) -> Iterator[Any]:
         for item in buckets:
-            if open_at:
-                rec.close(open_at.pop())
             rec.bucket += 1
-            nbytes = int(getattr(item[1], "nbytes", 0))
-            open_at.append(rec.open(Category.BUCKET, name_id, comm_id, rec.bucket, nbytes, rec.seq))
+            marks.append((now(), rec.bucket, int(getattr(item[1], "nbytes", 0))))
             yield item
 
     def mean_buckets(buckets: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
         if rec.in_bucket:
             return method(buckets, *args, **kwargs)
         rec.in_bucket = True
-        open_at: list[int] = []
+        marks: list[tuple[int, int, int]] = []
+        flags = 0
         try:
-            return method(follow(buckets, open_at), *args, **kwargs)
+            return method(follow(buckets, marks), *args, **kwargs)
         except BaseException:
-            if open_at:
-                rec.flag(open_at[0], FLAG_ERROR)
+            flags = FLAG_ERROR
             raise
         finally:
-            if open_at:
-                rec.close(open_at.pop())
+            end = now()
+            for k, (start, number, nbytes) in enumerate(marks):
+                last = k + 1 == len(marks)
+                stop = end if last else marks[k + 1][0]
+                rec.later(
+                    Category.BUCKET, name_id, comm_id, number, nbytes, rec.seq, start, stop,
+                    flags if last else 0,
+                )  # fmt: skip
             rec.in_bucket = False
 
     return functools.update_wrapper(mean_buckets, method)
@@ -816,19 +866,21 @@ def _kernel(
 ) -> Callable[..., Any]:
     """``fn(a, b, ...)`` recorded; ``buffer`` is the index of the staging buffer's argument."""
     name_id = rec.name_id(name)
+    now = rec.now
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         staged = args[buffer]
-        nbytes = int(getattr(staged, "nbytes", 0))
-        at = rec.open(cat, name_id, rec.comm, rec.seq, nbytes, rec.bucket)
         device = rec.device
         started = device.begin(None) if device is not None and _on_device(staged) else None
+        start = now()
         try:
             return fn(*args, **kwargs)
         finally:
+            end = now()
+            nbytes = int(getattr(staged, "nbytes", 0))
+            rec.later(cat, name_id, rec.comm, rec.seq, nbytes, rec.bucket, start, end)
             if started is not None and device is not None:
                 device.end(started, None, cat, name_id, rec.comm, rec.seq, nbytes)
-            rec.close(at)
 
     return functools.update_wrapper(kernel, fn)
 

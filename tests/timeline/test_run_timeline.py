@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from mnify.launch import timeline_merge
+from mnify.launch import stragglers, timeline_merge
 from tests.cli_run.console import MNIFY, mnify_run
 
 pytestmark = pytest.mark.mpi
@@ -119,13 +119,17 @@ def test_plot_draws_the_waiting_time(slow_rank_run: dict[str, Any]) -> None:
 
 
 def test_a_quiet_job_names_nobody(tmp_path: Path) -> None:
+    """The slow-rank job without its slow rank. (Every rank sleeping alike is not quieter: on a
+    loaded machine one rank's wake-ups come later, making it last ~60% of the time, ~3 ms
+    late; the rule's 5 ms floor is what keeps such a job quiet.)"""
     trace, summary = tmp_path / "trace.json", tmp_path / "summary.json"
     proc = mnify_run(
         "-n", "3", "--timeline", str(trace), "--summary-json", str(summary), str(TRAIN),
         "--steps", "50", timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert STRAGGLER.findall(proc.stderr) == [] and "straggler" not in proc.stderr
+    report = "\n".join(stragglers.render(stragglers.analyze(load(trace))))
+    assert STRAGGLER.findall(proc.stderr) == [] and "straggler" not in proc.stderr, report
     assert load(summary)["stragglers"] == []
     assert timeline_merge.validate(load(trace)) == []
 

@@ -3,7 +3,8 @@
     train.py [--steps N] [--slow-rank R --sleep-ms MS] [--fail-at STEP] [--kill-at STEP]
              [--hang-at STEP] [--skew-ms MS] [--communicator NAME]
 
-``--slow-rank R`` sleeps MS milliseconds on rank R before each update (a straggler).
+``--slow-rank R`` sleeps MS milliseconds on rank R before each update (a straggler);
+``--slow-rank -2`` on every rank (the same work without a straggler).
 ``--fail-at`` raises on rank 1 at that step; ``--kill-at`` SIGKILLs rank 1 there (a job that
 fails mid-way); ``--hang-at`` makes rank 1 sleep for two minutes there (the watchdog's case). ``--skew-ms`` shifts rank r's timeline clock by r * MS (plus a sign flip on odd
 ranks) to test that the merge removes clock offsets. Prints ``DONE`` on each rank at the end.
@@ -58,7 +59,7 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         if comm.rank == 1 and step == args.hang_at:
             time.sleep(120)
-        if comm.rank == args.slow_rank:
+        if args.slow_rank in (comm.rank, -2):
             time.sleep(args.sleep_ms / 1e3)
         opt.update(model, x, t)
     comm.allreduce_obj(1)
