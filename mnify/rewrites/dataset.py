@@ -19,16 +19,14 @@ import libcst as cst
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import Claim, FileContext
 from mnify.rewrites.edits import Guard, NodeFn, expression, statement
-from mnify.rewrites.facts import CallFact, assigned_in, mentions_rank, names_in, target_names
+from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
+from mnify.syntax import argument_node, assigned_in, mentions_rank, names_in, target_names
 
 
 def dataset_arg(call: cst.Call) -> cst.Arg | None:
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "dataset":
-            return arg
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    return positional[0] if positional else None
+    """The argument an iterator takes its dataset from (first positional or ``dataset=``)."""
+    return argument_node(call, 0, "dataset")
 
 
 def is_training_iterator(call: cst.Call) -> bool:

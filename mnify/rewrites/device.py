@@ -27,8 +27,9 @@ import libcst as cst
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
-from mnify.rewrites.facts import CallFact, names_in
+from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
+from mnify.syntax import names_in
 
 # What a device flag's value looks like at run time:
 #   int       an int GPU id, negative for CPU (``type=int``)

@@ -16,6 +16,7 @@ import libcst as cst
 from libcst.metadata import QualifiedNameProvider
 
 from mnify import vocabulary as vocab
+from mnify.syntax import is_rank0_test, mentions_rank, target_names
 
 Scope = cst.FunctionDef | cst.ClassDef | None
 
@@ -110,20 +111,6 @@ def _pick(qnames: Iterable[object]) -> str:
         if n.startswith(vocab.KNOWN_ROOTS):
             return n
     return names[0] if names else ""
-
-
-def target_names(target: cst.BaseExpression) -> list[str]:
-    """Names bound by an assignment target (tuples and lists unpacked; attributes ignored)."""
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        out: list[str] = []
-        for el in target.elements:
-            out.extend(target_names(el.value))
-        return out
-    if isinstance(target, cst.StarredElement):
-        return target_names(target.value)
-    return []
 
 
 # Nodes whose subtrees hold nothing the facts need (tokens, whitespace, literals, names,
@@ -288,7 +275,7 @@ class FactCollector(cst.CSTVisitor):
             self.facts.stmt_parent[id(node)] = self._stmts[-1] if self._stmts else None
             self.facts.stmt_order.append(node)
             self._stmts.append(node)
-            if isinstance(node, cst.If) and _is_rank0_test(node.test):
+            if isinstance(node, cst.If) and is_rank0_test(node.test):
                 self._rank0 += 1
             if isinstance(node, cst.If) and mentions_rank(node.test):
                 self._rank_test += 1
@@ -298,7 +285,7 @@ class FactCollector(cst.CSTVisitor):
         super().on_leave(original_node)
         if isinstance(original_node, cst.BaseCompoundStatement):
             self._stmts.pop()
-            if isinstance(original_node, cst.If) and _is_rank0_test(original_node.test):
+            if isinstance(original_node, cst.If) and is_rank0_test(original_node.test):
                 self._rank0 -= 1
             if isinstance(original_node, cst.If) and mentions_rank(original_node.test):
                 self._rank_test -= 1
@@ -363,82 +350,3 @@ class FactCollector(cst.CSTVisitor):
         for arg in node.args:
             if isinstance(arg.value, cst.Call):
                 self._arg_of[id(arg.value)] = (node, qname)
-
-
-def mentions_rank(test: cst.CSTNode) -> bool:
-    """An expression that reads a rank (``comm.rank``, ``comm.intra_rank``, ``comm.inter_rank``)."""
-    found = False
-
-    class _Finder(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            nonlocal found
-            if node.attr.value in ("rank", "intra_rank", "inter_rank"):
-                found = True
-
-    test.visit(_Finder())
-    return found
-
-
-def _is_rank0_test(test: cst.BaseExpression) -> bool:
-    """``comm.rank == 0`` (any communicator name, either operand order)."""
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
-        return False
-    target = test.comparisons[0]
-    if not isinstance(target.operator, cst.Equal):
-        return False
-    sides = [test.left, target.comparator]
-    has_rank = any(isinstance(s, cst.Attribute) and s.attr.value == "rank" for s in sides)
-    has_zero = any(isinstance(s, cst.Integer) and s.value == "0" for s in sides)
-    return has_rank and has_zero
-
-
-class _NameCollector(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
-
-
-def names_in(nodes: Iterable[cst.CSTNode]) -> set[str]:
-    """Every identifier mentioned in ``nodes`` (a cheap walk, used on a few statements only)."""
-    collector = _NameCollector()
-    for node in nodes:
-        node.visit(collector)
-    return collector.names
-
-
-def assigned_in(nodes: Iterable[cst.CSTNode]) -> set[str]:
-    """Names bound by assignments and for-loops inside ``nodes``."""
-
-    class _Collector(cst.CSTVisitor):
-        def __init__(self) -> None:
-            super().__init__()
-            self.names: set[str] = set()
-
-        def visit_Assign(self, node: cst.Assign) -> None:
-            for t in node.targets:
-                self.names.update(target_names(t.target))
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            self.names.update(target_names(node.target))
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            self.names.update(target_names(node.target))
-
-        def visit_For(self, node: cst.For) -> None:
-            self.names.update(target_names(node.target))
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            self.names.add(node.name.value)
-            return False
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            self.names.add(node.name.value)
-            return False
-
-    collector = _Collector()
-    for node in nodes:
-        node.visit(collector)
-    return collector.names

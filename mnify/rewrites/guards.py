@@ -20,8 +20,9 @@ import libcst as cst
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import Guard
-from mnify.rewrites.facts import CallFact, assigned_in, mentions_rank, names_in
+from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
+from mnify.syntax import assigned_in, mentions_rank, names_in
 
 RANK0 = Guard("rank0")
 # writers whose file holds model parameters: incomplete under model parallel on rank 0 alone

@@ -7,8 +7,9 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import LintContext, dotted_name
+from mnify.lint.context import LintContext
 from mnify.lint.rule import AppliesTo, Rule
+from mnify.syntax import dotted_name
 
 _OTHER_BRANCH = {"body": "orelse", "orelse": "body"}
 _LOGGER_NAMES = frozenset({"logger", "log", "LOGGER", "logging"})

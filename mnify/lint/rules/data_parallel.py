@@ -6,8 +6,9 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import LintContext, argument, dotted_name
+from mnify.lint.context import LintContext
 from mnify.lint.rule import AppliesTo, Rule
+from mnify.syntax import argument, dotted_name
 
 
 class DatasetLoadedOnEveryRank(Rule):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import LintContext, argument
+from mnify.lint.context import LintContext
 from mnify.lint.rule import AppliesTo, Rule
+from mnify.syntax import argument
 
 _DEVICE_KEYWORDS = ("device", "gpu", "device_id", "gpu_id")
 _DEVICE_TARGET_SUFFIXES = ("gpu", "gpus", "device", "devices", "device_id", "gpu_id")

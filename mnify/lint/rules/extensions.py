@@ -5,8 +5,8 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import argument, string_value
 from mnify.lint.rule import AppliesTo, Rule
+from mnify.syntax import argument, string_value
 
 
 class UnguardedReportingExtension(Rule):

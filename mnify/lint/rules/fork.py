@@ -7,8 +7,9 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import LintContext, argument, string_value
+from mnify.lint.context import LintContext
 from mnify.lint.rule import Rule
+from mnify.syntax import argument, string_value
 
 _SAFE_START_METHODS = ("forkserver", "spawn")
 
