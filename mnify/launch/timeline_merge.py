@@ -335,8 +335,9 @@ def _event(
         args["seq"], args["bucket"] = e.seq, e.aux
     elif e.cat == Category.P2P:
         args["peer"] = e.aux
-    elif e.cat == Category.DEVICE:
-        args["seq"] = e.seq
+    if e.cat == Category.DEVICE:
+        if e.comm >= 0:
+            args["seq"] = e.seq
         args["of"] = CATEGORY_NAMES[Category(e.aux)] if e.aux in _CATS else str(e.aux)
     if e.nbytes:
         args["bytes"] = e.nbytes

@@ -759,6 +759,8 @@ def _collective(
         rec.comm, rec.seq, rec.bucket = comm_id, seq, 0
         at = rec.open(cat, name_id, comm_id, seq, nbytes, aux)
         device = state.device if state.checked else state.device_spans(rec)
+        if device is not None and not (models or _device_payload(args)):
+            device = None  # host data (objects, a barrier): nothing of it runs on the GPU
         started = device.begin(kwargs.get("stream")) if device is not None else None
         try:
             result = method(*args, **kwargs)
@@ -887,6 +889,16 @@ def _kernel(
 
 def _on_device(x: Any) -> bool:
     return type(x).__module__.split(".", 1)[0] == "cupy"
+
+
+def _device_payload(args: tuple[Any, ...]) -> bool:
+    """Whether a collective's first argument (an array or a list of arrays) is on a GPU."""
+    if not args:
+        return False
+    x = args[0]
+    if isinstance(x, list | tuple):
+        return bool(x) and _on_device(x[0])
+    return _on_device(x)
 
 
 # -- reading ------------------------------------------------------------------------------------

@@ -156,3 +156,37 @@ def test_nothing_is_recorded_unless_every_rank_records(tmp_path: Path) -> None:
     assert timeline_merge.read_file(ranks_dir / "rank-0.timeline").events == []
     run = run_ranks(2, SCRIPTS / "collectives.py", ["flat"], env=QUIET, timeout=180)
     assert run.output.count("WRAPPED False") == 2
+
+
+def test_gpu_communicator_spans_on_the_cuda_stand_in(tmp_path: Path) -> None:
+    """pure_nccl on tests/kernels/fakecupy (CuPy and NCCL on CPU, events complete at once, a
+    constant elapsed time): the plumbing of CUDA-event spans, not their values."""
+    ranks_dir = tmp_path / "ranks"
+    run = run_ranks(
+        2, SCRIPTS / "gpu_spans.py", env={**QUIET, "MNIFY_TIMELINE": str(ranks_dir)}, timeout=180
+    )
+    assert run.output.count("DONE") == 2
+    merged = timeline_merge.merge_directory(ranks_dir)
+    assert timeline_merge.validate(merged.trace) == []
+    events = x_events(merged.trace)
+    for rank in (0, 1):
+        gpu = [e for e in events if e["pid"] == rank and e["cat"] == "gpu"]
+        spans = sorted((e["args"]["of"], e["name"], e["tid"], e["args"]["step"]) for e in gpu)
+        expected = []
+        for step in range(3):
+            expected += [
+                ("collective", "multi_node_mean_grad", timeline_merge.GPU_COMM_TID, step),
+                ("optimizer", "optimizer", timeline_merge.GPU_OPTIMIZER_TID, step),
+                ("pack", "pack", timeline_merge.GPU_COMM_TID, step),
+                ("unpack", "unpack", timeline_merge.GPU_COMM_TID, step),
+            ]
+        assert spans == sorted(expected)  # none for the barrier: its data is on the host
+        grads = [e for e in gpu if e["name"] == "multi_node_mean_grad"]
+        assert [e["args"]["seq"] for e in grads] == [1, 2, 3]
+        assert all(e["args"]["bytes"] == 4 * (3 + 50 + 7) for e in grads)
+    threads = {
+        (e["pid"], e["args"]["name"])
+        for e in merged.trace["traceEvents"]
+        if e["name"] == "thread_name"
+    }
+    assert {(0, "GPU: communication"), (0, "GPU: optimizer"), (1, "host")} <= threads

@@ -1,0 +1,46 @@
+"""pure_nccl with the timeline on, on the CPU stand-in for CuPy and NCCL (tests/kernels/fakecupy,
+first on sys.path; the CUDA kernels replaced by their numpy twins). Prints ``DONE``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+FAKE = Path(__file__).resolve().parents[2] / "kernels" / "fakecupy"
+sys.path.insert(0, str(FAKE))
+
+import cupy  # noqa: E402
+import mnify_fake_device  # noqa: E402, F401
+
+from mnify.runtime import timeline  # noqa: E402
+from mnify.runtime.communicators import create_communicator  # noqa: E402
+
+
+class Param:
+    def __init__(self, n: int) -> None:
+        self.data = cupy.asarray([1.0] * n).astype("float32")
+        self.grad = cupy.asarray([2.0] * n).astype("float32")
+
+
+class Model:
+    def __init__(self) -> None:
+        self.params = {f"p{i}": Param(n) for i, n in enumerate([3, 50, 7])}
+
+    def namedparams(self) -> list[tuple[str, Param]]:
+        return list(self.params.items())
+
+
+def main() -> None:
+    comm = create_communicator("pure_nccl")
+    model = Model()
+    for _ in range(3):
+        timeline.update_begins()
+        comm.multi_node_mean_grad(model)
+        timeline.apply_begins()
+        timeline.update_ends()
+    comm.barrier()
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()
