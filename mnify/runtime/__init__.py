@@ -24,6 +24,7 @@ _NAMES: dict[str, str] = {
     "create_empty_dataset": "datasets",
     "create_multi_node_evaluator": "extensions",
     "create_multi_node_checkpointer": "extensions",
+    "GenericMultiNodeEvaluator": "extensions",
     "create_multi_node_iterator": "iterators",
     "create_synchronized_iterator": "iterators",
 }

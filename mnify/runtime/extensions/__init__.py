@@ -7,6 +7,11 @@ a submodule that shares its function's name (``scatter_dataset``) can never shad
 from __future__ import annotations
 
 from mnify.runtime.extensions.checkpoint import create_multi_node_checkpointer
+from mnify.runtime.extensions.generic_evaluator import GenericMultiNodeEvaluator
 from mnify.runtime.extensions.multi_node_evaluator import create_multi_node_evaluator
 
-__all__ = ["create_multi_node_checkpointer", "create_multi_node_evaluator"]
+__all__ = [
+    "GenericMultiNodeEvaluator",
+    "create_multi_node_checkpointer",
+    "create_multi_node_evaluator",
+]
