@@ -36,6 +36,7 @@ CHECKS = (
     "deterministic",
     "idempotent",
     "signatures",
+    "scatter",
     "lint",
     "compile",
     "e2e",

@@ -182,6 +182,54 @@ def test_output_keeps_every_signature(script: CorpusScript) -> None:
     )
 
 
+def _innermost_loop(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST | None:
+    """The for/while loop closest around ``node`` within its function, if any."""
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            return None
+        if isinstance(node, ast.For | ast.AsyncFor | ast.While):
+            return node
+    return None
+
+
+def _misplaced_scatters(source: str) -> list[str]:
+    """``X = ...scatter_dataset(X, ...)`` inside a loop that never binds X otherwise: the data
+    set is built once, before the loop, and scattered again on every pass (shards of shards)."""
+    tree = ast.parse(source)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    problems = []
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Call)
+            and ast.unparse(node.value.func).endswith("scatter_dataset")
+        ):
+            continue
+        target = node.targets[0]
+        loop = _innermost_loop(node, parents)
+        if loop is None:
+            continue
+        rebound = any(
+            isinstance(n, ast.Name) and n.id == target.id and isinstance(n.ctx, ast.Store)
+            for n in ast.walk(loop)
+            if n is not target
+        )
+        if not rebound:
+            problems.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return problems
+
+
+@pytest.mark.parametrize("script", params("scatter"))
+def test_output_scatters_each_dataset_once(script: CorpusScript) -> None:
+    """A data set built before a loop is scattered before it, not on every pass."""
+    assert _misplaced_scatters(script.source) == [], "the input itself re-scatters"
+    problems = _misplaced_scatters(output_of(script))
+    assert not problems, f"scatter_dataset inside a loop the data set was not built in: {problems}"
+
+
 def _hazards(source: str, path: str) -> Counter[tuple[str, str]]:
     """MN301/MN302 findings keyed by code and the flagged line's text (lines move)."""
     lines = source.splitlines()
