@@ -27,7 +27,6 @@ import heapq
 import json
 import math
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -444,6 +443,17 @@ def prepare_run_directory(directory: Path) -> None:
             p.unlink()
 
 
+def _remove_rank_files(directory: Path) -> None:
+    """The rank files, then the directory if nothing else is in it."""
+    try:
+        for p in directory.iterdir():
+            if rank_of_file(p) is not None:
+                p.unlink()
+        directory.rmdir()
+    except OSError:
+        pass
+
+
 @dataclass
 class RunTimeline:
     """What ``mnify run`` says and records about the timeline once the job is over."""
@@ -476,7 +486,7 @@ def finish_run(trace_path: str | os.PathLike[str], directory: Path, nprocs: int)
         then = f"mnify timeline --merge {directory} -o {trace_path}"
         lines.append(f"{say} {MissingRanks(directory, merged.missing, nprocs, merged.hosts, then)}")
     else:
-        shutil.rmtree(directory, ignore_errors=True)
+        _remove_rank_files(directory)
     report = stragglers.analyze(merged.trace)
     lines += [stragglers.straggler_line(s) for s in report.stragglers]
     return RunTimeline(lines, stragglers.as_data(report))

@@ -176,3 +176,37 @@ def test_trace_file_round_trip(tmp_path: Path) -> None:
 )
 def test_validate_finds_what_is_not_trace_event_format(bad: Any) -> None:
     assert tm.validate(bad)
+
+
+def test_mnify_run_merges_keeps_incomplete_directories_and_says_why(tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    ranks = tm.run_directory(trace)
+    assert ranks == trace.absolute().with_name("t.json.ranks")
+    tm.prepare_run_directory(ranks)
+    nothing = tm.finish_run(trace, ranks, 2)
+    assert nothing.stragglers == [] and "no timeline files" in nothing.lines[0]
+    assert not trace.exists()
+
+    (ranks / "notes.txt").write_text("mine")  # not ours: never removed
+    write_rank(ranks, 0, 2, 0)
+    partial = tm.finish_run(trace, ranks, 2)
+    assert tm.validate(tm.load_trace(trace)) == [] and (ranks / "rank-0.timeline").exists()
+    assert any(
+        "no timeline from rank 1 of 2 (they ran on alpha)" in line
+        and f"mnify timeline --merge {ranks} -o {trace}" in line
+        for line in partial.lines
+    ), partial.lines
+
+    write_rank(ranks, 1, 2, 0)
+    whole = tm.finish_run(trace, ranks, 2)
+    assert whole.lines[0].startswith(f"mnify run: timeline: {trace}: 20 events of 2 of 2 ranks")
+    assert sorted(p.name for p in ranks.iterdir()) == ["notes.txt"]
+    (ranks / "notes.txt").unlink()
+    write_rank(ranks, 0, 2, 0)
+    write_rank(ranks, 1, 2, 0)
+    tm.finish_run(trace, ranks, 2)
+    assert not ranks.exists()
+    tm.prepare_run_directory(ranks)
+    write_rank(ranks, 0, 2, 0)
+    tm.prepare_run_directory(ranks)  # an earlier run's files are cleared
+    assert list(ranks.iterdir()) == []
