@@ -532,7 +532,9 @@ def attach(comm: Any) -> bool:
     mpi_comm.Allreduce(MPI.IN_PLACE, votes, op=MPI.SUM)
     size = mpi_comm.Get_size()
     if int(votes[1]) != size:
-        if want and comm.rank == 0:
+        # said once, by the lowest rank that wanted to record (every rank is here)
+        first = mpi_comm.allreduce(comm.rank if want else size, op=MPI.MIN)
+        if want and comm.rank == first:
             sys.stderr.write(
                 f"mnify: {ENV_DIR} is set on {int(votes[0])} of {size} ranks and usable on "
                 f"{int(votes[1])}: not recording the timeline (every rank must record; "

@@ -145,15 +145,15 @@ def test_nothing_is_recorded_unless_every_rank_records(tmp_path: Path) -> None:
     run = run_ranks(
         2,
         SCRIPTS / "collectives.py",
-        ["flat", "--only-rank0"],
+        ["flat", "--only-rank1"],
         env={**QUIET, "MNIFY_TIMELINE": str(ranks_dir)},
         timeout=180,
     )
     assert run.output.count("WRAPPED False") == 2 and run.output.count("DONE") == 2
     assert "MNIFY_TIMELINE is set on 1 of 2 ranks" in run.stderr
-    # rank 0 made its file before the ranks compared notes; it holds no event
-    assert [p.name for p in ranks_dir.iterdir()] == ["rank-0.timeline"]
-    assert timeline_merge.read_file(ranks_dir / "rank-0.timeline").events == []
+    # rank 1 made its file before the ranks compared notes; it holds no event
+    assert [p.name for p in ranks_dir.iterdir()] == ["rank-1.timeline"]
+    assert timeline_merge.read_file(ranks_dir / "rank-1.timeline").events == []
     run = run_ranks(2, SCRIPTS / "collectives.py", ["flat"], env=QUIET, timeout=180)
     assert run.output.count("WRAPPED False") == 2
 

@@ -1,8 +1,8 @@
 """Every kind of collective once, on 2 ranks, for the timeline tests (no Chainer).
 
-    collectives.py NAME [--only-rank0]
+    collectives.py NAME [--only-rank1]
 
-``--only-rank0``: rank 1 drops ``MNIFY_TIMELINE`` before making its communicator (the variable
+``--only-rank1``: rank 0 drops ``MNIFY_TIMELINE`` before making its communicator (the variable
 reached only some ranks). Prints ``WRAPPED True|False`` (whether the collectives were wrapped)
 and ``DONE``.
 """
@@ -35,7 +35,7 @@ class Model:
 
 def main() -> None:
     name = sys.argv[1]
-    if "--only-rank0" in sys.argv and os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+    if "--only-rank1" in sys.argv and os.environ.get("OMPI_COMM_WORLD_RANK") == "0":
         os.environ.pop(timeline.ENV_DIR, None)
     comm = create_communicator(name)
     print("WRAPPED", "multi_node_mean_grad" in vars(comm), flush=True)
