@@ -11,6 +11,7 @@ Target = Literal["mnify", "chainermn"]
 CommunicatorChoice = Literal["auto", "naive", "flat", "hierarchical", "pure_nccl"]
 Scaling = Literal["weak", "strong"]
 ModelParallel = Literal["none", "channel"]
+ScaleLr = Literal["none", "linear"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class ConvertOptions:
     communicator: CommunicatorChoice = "auto"
     scaling: Scaling = "weak"
     model_parallel: ModelParallel = "none"
+    # --scale-lr linear: learning rate x comm.size, reached by a linear warm-up (weak scaling)
+    scale_lr: ScaleLr = "none"
+    warmup_epochs: int = 5
     # Files already distributed (ChainerMN, mnify output) are left unchanged; tests switch this
     # off to prove that the rewrites themselves are idempotent.
     leave_distributed: bool = True
