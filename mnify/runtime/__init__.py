@@ -25,6 +25,7 @@ _NAMES: dict[str, str] = {
     "create_multi_node_evaluator": "extensions",
     "create_multi_node_checkpointer": "extensions",
     "GenericMultiNodeEvaluator": "extensions",
+    "LinearWarmup": "extensions",
     "create_multi_node_iterator": "iterators",
     "create_synchronized_iterator": "iterators",
 }

@@ -1,4 +1,4 @@
-"""Trainer extensions that aggregate over ranks.
+"""Trainer extensions that aggregate over ranks, and the linear-scaling warm-up.
 
 Chainer-facing: importing this package imports Chainer. The names are imported eagerly, so
 a submodule that shares its function's name (``scatter_dataset``) can never shadow the function.
@@ -9,9 +9,11 @@ from __future__ import annotations
 from mnify.runtime.extensions.checkpoint import create_multi_node_checkpointer
 from mnify.runtime.extensions.generic_evaluator import GenericMultiNodeEvaluator
 from mnify.runtime.extensions.multi_node_evaluator import create_multi_node_evaluator
+from mnify.runtime.extensions.warmup import LinearWarmup
 
 __all__ = [
     "GenericMultiNodeEvaluator",
+    "LinearWarmup",
     "create_multi_node_checkpointer",
     "create_multi_node_evaluator",
 ]
