@@ -234,7 +234,11 @@ def _models_built_elsewhere(ctx: FileContext, lifts: list[Lift]) -> None:
             # a Chainer link: only a wrapper (L.Classifier(build(...))) of a model built elsewhere
             inner = fact.node.args[0].value if fact.node.args else None
             inner_fact = ctx.facts.call_of(inner)
-            if inner_fact is None or vocab.is_chainer_name(inner_fact.qname):
+            if (
+                inner_fact is None
+                or vocab.is_chainer_name(inner_fact.qname)
+                or vocab.is_mnbn_factory(inner_fact.qname)
+            ):
                 continue
             if any(_matches(ctx, inner_fact, lift) for lift in lifts if lift.kind == "mnbn"):
                 continue  # L.Classifier(Net()): Net() itself is converted where it is built

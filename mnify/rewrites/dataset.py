@@ -49,6 +49,7 @@ class _BlockWork:
     datasets: dict[str, bool] = field(default_factory=dict)  # name -> shuffle (training)
     sites: list[CallFact] = field(default_factory=list)
     firsts: dict[str, int] = field(default_factory=dict)  # name -> its first iterator's index
+    unequal: set[str] = field(default_factory=set)  # scattered with force_equal_length=False
 
 
 def is_user_iterator(qname: str) -> bool:
@@ -85,9 +86,12 @@ def _already_scattered(ctx: FileContext, name: str) -> bool:
 
 @rewrite("dataset", order=30, fixes=("MN504", "MN501"), code="MN804")
 def plan(ctx: FileContext) -> None:
+    from mnify.rewrites import evaluator  # evaluator imports this module
+
     if not ctx.options.data_parallel:
         return
     work: dict[int, _BlockWork] = {}
+    unequal: set[str] = set()
     for call in iterator_calls(ctx):
         arg = dataset_arg(call.node)
         stmt = call.stmt
@@ -106,10 +110,14 @@ def plan(ctx: FileContext) -> None:
                 "runs",
             )
             continue
+        if evaluator.keeps_full_test_set(ctx, call):
+            continue  # a whole-set evaluator (--target chainermn) reads all of it on every rank
         if isinstance(arg.value, cst.Name):
             name = arg.value.value
             if _already_scattered(ctx, name):
                 continue
+            if evaluator.gathers_test_set(ctx, call):
+                unequal.add(name)  # gathered again: padding would count examples twice
             block = ctx.facts.block_of[id(stmt)]
             index = list(block.body).index(stmt)
             item = work.get(id(block.owner))
@@ -133,6 +141,7 @@ def plan(ctx: FileContext) -> None:
             ctx.plan.replace_node(arg, _arg_value(value), call.stmt)
             ctx.note(call.node, "dataset", "changed", f"dataset scattered inline with {scatter}")
     for n, item in enumerate(work.values()):
+        item.unequal = unequal & set(item.datasets)
         _plan_block(ctx, item, n)
     _plan_rank0_loading(ctx)
 
@@ -208,8 +217,7 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
         for call in item.sites:
             arg = dataset_arg(call.node)
             if arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == d:
-                shuffle = ", shuffle=True" if item.datasets[d] else ""
-                value = f"{scatter}({d}, {comm}{shuffle})"
+                value = f"{scatter}({d}, {comm}{_scatter_flags(item, d)})"
                 ctx.plan.replace_node(arg, _arg_value(value), call.stmt)
     for k, group in enumerate(_groups(ctx, item)):
         first = min(item.firsts[d] for d in group)
@@ -220,8 +228,16 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
             {d: item.datasets[d] for d in group},
             [c for c in item.sites if _site_dataset(c) in group],
             {d: item.firsts[d] for d in group},
+            item.unequal & group,
         )
         _plan_group(ctx, sub, f"{n}.{k}", whole, comm, scatter)
+
+
+def _scatter_flags(item: _BlockWork, name: str) -> str:
+    flags = ", shuffle=True" if item.datasets[name] else ""
+    if name in item.unequal:
+        flags += ", force_equal_length=False"
+    return flags
 
 
 def _site_dataset(call: CallFact) -> str | None:
@@ -267,7 +283,7 @@ def _plan_group(
         statement(
             f"{d} = {chainer}.datasets.SubDataset({d}, *{index_of}(len({d}), {comm}))\n"
             if d in by_index
-            else f"{d} = {scatter}({d}, {comm}{', shuffle=True' if item.datasets[d] else ''})\n"
+            else f"{d} = {scatter}({d}, {comm}{_scatter_flags(item, d)})\n"
         )
         for d in _in_order(ordered, body, defs)
         if d not in whole
