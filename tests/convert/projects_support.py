@@ -140,10 +140,21 @@ def install(project: Project, outputs: dict[str, str], where: Path) -> Path:
     return where
 
 
+# Where the launcher runs what: filled in per run, in front of LAUNCHER.
+_LAUNCH_SETTINGS = """\
+BASE = {base!r}
+SCRIPTDIR = {scriptdir!r}
+SCRIPT = {script!r}
+ARGV = {args!r}
+PROBE_PREFIX = {probe!r}
+"""
+
 # Runs the entry in ./rank<N>/ and prints the probe; guarded so a forkserver that imports this
-# launcher as __mp_main__ does nothing.
-LAUNCHER = """\
-import hashlib, json, os, random, runpy, sys
+# launcher as __mp_main__ does nothing. Evaluators that override evaluate() (their metric need not
+# be a mean) are evaluated once more after the run, as the converted script wires them, and rank 0
+# evaluates an unwrapped copy over every rank's shard together: the two must agree.
+LAUNCHER = r"""
+import copy, hashlib, json, os, random, runpy, sys
 
 import numpy
 
@@ -188,24 +199,91 @@ def _array_digest(array):
 
 
 def _named_params(link):
-    return {{
+    return {
         name: _array_digest(None if p.array is None else chainer.backends.cuda.to_cpu(p.array))
         for name, p in link.namedparams()
-    }}
+    }
+
+
+def _floats(observation):
+    out = {}
+    for key, value in observation.items():
+        value = getattr(value, "array", value)
+        out[key] = float(chainer.backends.cuda.to_cpu(numpy.asarray(value)))
+    return out
+
+
+def _evaluate(ext, evaluate):
+    # what Evaluator.__call__ sets up around evaluate(): a reporter observing the targets
+    reporter = chainer.Reporter()
+    prefix = ext.name + "/" if ext.name is not None else ""
+    for name, target in ext._targets.items():
+        reporter.add_observer(prefix + name, target)
+        reporter.add_observers(prefix + name, target.namedlinks(skipself=True))
+    with reporter, chainer.using_config("train", False):
+        return _floats(evaluate())
+
+
+def _overriding_evaluators(trainers):
+    base = chainer.training.extensions.Evaluator
+    found = []
+    for trainer in trainers:
+        for name, entry in trainer._extensions.items():
+            ext = entry.extension
+            if isinstance(ext, base) and type(ext).evaluate is not base.evaluate:
+                found.append((name, ext))
+    return found
+
+
+def _check_evaluators(trainers):
+    # [{name, dist, ref}] on rank 0: what the script's evaluator reports now, and what the
+    # evaluator's own evaluate() gives over every rank's shard together
+    mpi = None
+    if "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized():
+        mpi = sys.modules["mpi4py.MPI"].COMM_WORLD
+    evaluators = _overriding_evaluators(trainers)
+    names = [name for name, _ in evaluators]
+    common = names
+    if mpi is not None:
+        everyone = mpi.allgather(names)
+        common = [n for n in names if all(n in other for other in everyone)]
+    results = []
+    for name, ext in evaluators:
+        if name not in common:
+            continue  # one rank alone evaluates: nothing was split
+        it = ext._iterators["main"]
+        dataset = getattr(it, "dataset", None)
+        dist = _evaluate(ext, ext.evaluate)
+        shard = [dataset[i] for i in range(len(dataset))] if dataset is not None else None
+        shards = mpi.gather(shard, root=0) if mpi is not None else [shard]
+        if mpi is not None and mpi.rank != 0:
+            continue
+        if any(s is None for s in shards):
+            results.append({"name": name, "dist": dist, "ref": None})
+            continue
+        whole = [example for s in shards for example in s]
+        ref = copy.copy(ext)
+        vars(ref).pop("evaluate", None)
+        ref._iterators = dict(ext._iterators)
+        ref._iterators["main"] = chainer.iterators.SerialIterator(
+            whole, getattr(it, "batch_size", 32), repeat=False, shuffle=False)
+        ref_value = _evaluate(ref, lambda: type(ext).evaluate(ref))
+        results.append({"name": name, "dist": dist, "ref": ref_value})
+    return results
 
 
 if __name__ == "__main__":
     rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
-    workdir = os.path.join({base!r}, "rank" + rank)
+    workdir = os.path.join(BASE, "rank" + rank)
     os.makedirs(workdir, exist_ok=True)
     os.chdir(workdir)
-    sys.path.insert(0, {scriptdir!r})
-    sys.argv = [{script!r}] + {args!r}
+    sys.path.insert(0, SCRIPTDIR)
+    sys.argv = [SCRIPT] + ARGV
 
     import chainer
     import chainer.training
 
-    targets, datasets = [], []
+    targets, datasets, trainers = [], [], []
 
     def _remember(ds):
         if ds is not None and all(d is not ds for d in datasets):
@@ -222,7 +300,8 @@ if __name__ == "__main__":
     _run = chainer.training.Trainer.run
 
     def run(self, *args, **kwargs):
-        for it in getattr(self.updater, "_iterators", {{}}).values():
+        trainers.append(self)
+        for it in getattr(self.updater, "_iterators", {}).values():
             _remember(getattr(it, "dataset", None))
         return _run(self, *args, **kwargs)
 
@@ -235,27 +314,29 @@ if __name__ == "__main__":
         cls.__init__ = init
 
     try:
-        runpy.run_path({script!r}, run_name="__main__")
+        runpy.run_path(SCRIPT, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise
-    probe = {{
+    probe = {
         "params": [_named_params(t) for t in targets],
         "datasets": [_dataset_digest(d) for d in datasets],
-    }}
-    print({probe!r} + json.dumps(probe), flush=True)
+        "evaluators": _check_evaluators(trainers),
+    }
+    print(PROBE_PREFIX + json.dumps(probe), flush=True)
 """
 
 
 def _launcher(project: Project, installed: Path, base: Path) -> str:
     script = installed / project.entry
-    return LAUNCHER.format(
+    settings = _LAUNCH_SETTINGS.format(
         base=str(base),
         scriptdir=str(script.parent),
         script=str(script),
         args=project.argv(installed),
         probe=PROBE,
     )
+    return settings + LAUNCHER
 
 
 def run_single(project: Project, installed: Path, base: Path) -> subprocess.CompletedProcess[str]:
@@ -333,6 +414,24 @@ def stale_model_files(folder: Path, files: tuple[str, ...], params: list[dict[st
                 if not matched:
                     stale.append((str(path.relative_to(folder)), None))
     return stale
+
+
+def evaluator_mismatches(probe: dict[str, Any]) -> list[dict[str, Any]]:
+    """Evaluators whose reported metrics differ from their own evaluate() over the whole set."""
+    bad = []
+    for e in probe["evaluators"]:
+        if e["ref"] is None:
+            bad.append(e)  # its iterator has no dataset to gather
+            continue
+        keys = sorted(set(e["dist"]) | set(e["ref"]))
+        if not all(
+            k in e["dist"]
+            and k in e["ref"]
+            and numpy.isclose(e["dist"][k], e["ref"][k], rtol=1e-5, atol=1e-7, equal_nan=True)
+            for k in keys
+        ):
+            bad.append(e)
+    return bad
 
 
 def array_digest(array: numpy.ndarray) -> str:
