@@ -226,6 +226,17 @@ def _models_built_elsewhere(ctx: FileContext, lifts: list[Lift]) -> None:
         if vocab.is_chainer_name(fact.qname) and isinstance(inner, cst.Name):
             pending.append(inner.value)  # model = L.Classifier(predictor): look at predictor
             continue
+        held = [
+            inner.value
+            for _ in [0]
+            if isinstance(inner, cst.Name)
+            and any(ctx.facts.call_of(b.value) for b in ctx.facts.assigns_of(inner.value))
+        ]
+        if held:
+            # train_model = Wrapper(model): a copy of train_model would leave `model` (still
+            # used for evaluation and snapshots) untrained; convert what it wraps instead
+            pending.extend(held)
+            continue
         if _already_wrapped(ctx, fact, "mnbn") or vocab.is_mnbn_factory(fact.qname):
             continue
         if any(_matches(ctx, fact, lift) for lift in lifts if lift.kind == "mnbn"):

@@ -520,6 +520,8 @@ def _before_creation(ctx: FileContext, entry: Entry, forkserver: bool) -> None:
             continue
         within = plan.replaced_within.get(key, node) if key in plan.replace else node
         top = _top_level(ctx, within, func) if within is not None else None
+        if isinstance(top, (cst.FunctionDef, cst.ClassDef)):
+            continue  # a definition's body runs when it is called, after comm exists
         index = next((i for i, s in enumerate(body) if s is top), None)
         if index is not None and index < limit:
             early[index] = node
@@ -538,7 +540,7 @@ def _before_creation(ctx: FileContext, entry: Entry, forkserver: bool) -> None:
         stmt = body[index]
         if plan.is_guarded(stmt) or any(plan.is_guarded(s) for s in _statements(node)):
             for inner in (stmt, *_statements(node)):
-                plan.unguard(inner)
+                ctx.withdraw_guard(inner)
         why = (
             "which stays under `if __name__ == '__main__':` because the forkserver "
             "re-imports the script"

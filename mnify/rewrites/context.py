@@ -221,6 +221,15 @@ class FileContext:
             return self.entry.comm
         return None
 
+    def withdraw_guard(self, stmt: cst.BaseStatement) -> None:
+        """Take back a planned rank-0 guard, and what the report said about it."""
+        if not self.plan.is_guarded(stmt):
+            return
+        self.plan.unguard(stmt)
+        dropped = {id(entry) for entry, (kind, subject) in self.claims if subject is stmt}
+        self.claims = [(e, c) for e, c in self.claims if id(e) not in dropped]
+        self.entries = [e for e in self.entries if id(e) not in dropped]
+
     def on_rank0_already(self, stmt: cst.BaseStatement) -> bool:
         """Under ``if comm.rank == 0:`` in the input, or inside a statement already planned to
         be guarded (a guard inside a guard says nothing)."""

@@ -127,6 +127,12 @@ def plan(ctx: FileContext) -> None:
             item.firsts[name] = min(item.firsts.get(name, index), index)
             item.datasets[name] = item.datasets.get(name, False) or train
             item.sites.append(call)
+            if not vocab.is_iterator(call.qname):
+                # BalancedSerialIterator(train, batch, train_labels): per-example arrays loaded
+                # with the dataset travel with it, cut into the same contiguous shard
+                for companion in _companions(ctx, call, name):
+                    item.firsts[companion] = min(item.firsts.get(companion, index), index)
+                    item.datasets[companion] = False
         else:
             inner = ctx.facts.call_of(arg.value)
             if inner is not None and vocab.is_scatter(inner.qname):
@@ -231,6 +237,19 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
             item.unequal & group,
         )
         _plan_group(ctx, sub, f"{n}.{k}", whole, comm, scatter)
+
+
+def _companions(ctx: FileContext, call: CallFact, dataset: str) -> list[str]:
+    """Other names an iterator takes that were bound by the statement that bound its dataset."""
+    bound_by = {id(a.stmt) for a in ctx.facts.assigns_of(dataset) if a.stmt is not None}
+    found = []
+    for arg in call.node.args[1:]:
+        value = arg.value
+        if not isinstance(value, cst.Name) or value.value == dataset:
+            continue
+        if any(id(a.stmt) in bound_by for a in ctx.facts.assigns_of(value.value)):
+            found.append(value.value)
+    return found
 
 
 def _scatter_flags(item: _BlockWork, name: str) -> str:

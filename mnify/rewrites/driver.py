@@ -28,6 +28,7 @@ from mnify.lint import (
     LintSyntaxError,
     lint_source,
     lint_wrapper,
+    parse_project,
     project_collectives,
 )
 from mnify.lint.noqa import parse_suppressions
@@ -197,16 +198,20 @@ def _new_collective_findings(
         return {}
     outputs = {p: r.output for p, r in done.items() if r.output is not None}
     inputs = {p: r.source for p, r in done.items()}
-    external_out = project_collectives(outputs)
+    wrappers = parse_project(outputs)
+    external_out = project_collectives(outputs, wrappers)
     distributed_input = any(_DISTRIBUTED.search(text) for text in inputs.values())
     external_in = project_collectives(inputs) if distributed_input else {}
     new: dict[str, Diagnostic] = {}
     mnbn_somewhere = any("create_mnbn_model" in text for text in outputs.values())
     for path, result in done.items():
         try:
-            after = lint_source(
-                outputs[path],
+            if path not in wrappers:
+                continue
+            after = lint_wrapper(
+                wrappers[path],
                 path,
+                source=outputs[path],
                 select=sorted(_DEFAULT_CODES),
                 external_collectives=external_out,
                 assume=_assumed(options),
@@ -312,6 +317,7 @@ def _convert_project(
             del contexts[path]
     call_sites.plan_project(contexts)
     _leave_alone_if_nothing_is_parallel(contexts)
+    _leave_alone_scripts_that_do_not_train(contexts)
     for path in sources:
         if path not in contexts and progress is not None:
             progress(path)
@@ -324,6 +330,46 @@ def _convert_project(
         except Exception as exc:
             result.error = f"internal: 1: error while converting: {exc!r}"
     return results
+
+
+def _reset(ctx: FileContext) -> None:
+    """Forget every planned edit of a file (it is left as it is)."""
+    ctx.plan = EditPlan(comm=ctx.plan.comm)
+    ctx.comm_needed = False
+    ctx.imports_needed.clear()
+    ctx.preamble = []
+    ctx.claims = []
+
+
+def _leave_alone_scripts_that_do_not_train(contexts: Mapping[str, FileContext]) -> None:
+    """A script of the converted tree that trains nothing (data preparation, prediction,
+    evaluation of a saved model) is no part of the distributed job: it gets no communicator
+    and stays as it is, instead of needing MPI or evaluating one shard."""
+    for ctx in contexts.values():
+        entry = ctx.entry
+        if entry is None or entry.exists or not ctx.comm_needed:
+            continue
+        if not ctx.options.data_parallel or ctx.options.only_codes is not None:
+            continue
+        trains = any(
+            vocab.is_optimizer(c.qname) or vocab.is_trainer(c.qname) or c.method == "update"
+            for c in ctx.facts.calls
+        ) or any(e.step == "optimizer" and e.severity == "changed" for e in ctx.entries)
+        if trains:
+            continue
+        _reset(ctx)
+        ctx.entries = [e for e in ctx.entries if e.severity == "needs-person"]
+        ctx.entries.append(
+            ReportEntry(
+                ctx.path,
+                1,
+                "communicator",
+                "info",
+                "this script trains nothing (no optimizer, trainer or update): it is no part of "
+                "the distributed job and is left as it is",
+                "MN801",
+            )
+        )
 
 
 def _leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> None:
@@ -372,10 +418,7 @@ def _leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> 
             "not converted (a library helper)"
         )
     for ctx in contexts.values():
-        ctx.plan = EditPlan(comm=ctx.plan.comm)
-        ctx.comm_needed = False
-        ctx.imports_needed.clear()
-        ctx.preamble = []
+        _reset(ctx)
         ctx.entries = [e for e in ctx.entries if e.severity == "needs-person"]
     first = next(iter(contexts.values()))
     first.entries.append(

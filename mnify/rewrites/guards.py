@@ -249,6 +249,7 @@ def plan(ctx: FileContext) -> None:
             owner = ctx.facts.block_owner_stmt.get(id(block.owner)) if block else None
             if (
                 isinstance(owner, cst.If)
+                and id(owner) in ctx.facts.block_of  # not an elif: it has no line of its own
                 and id(owner) not in ctx.facts.under_rank0
                 and _guardable(ctx, owner) is not None
             ):
