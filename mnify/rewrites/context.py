@@ -76,6 +76,8 @@ class FileContext:
     lifts: list[Lift] = field(default_factory=list)  # work for the callers of helpers/classes
     claims: list[tuple[ReportEntry, Claim]] = field(default_factory=list)
     writing_extensions: set[str] = field(default_factory=set)  # this file's, by name
+    # Evaluator subclasses of the other converted files: "module.Class" -> whole-set metric
+    project_evaluators: dict[str, bool] = field(default_factory=dict)
     imports_needed: set[str] = field(default_factory=set)
     # functions of the project that reach a collective once converted ("helpers.load_data"):
     # a call of one is never put under a rank guard

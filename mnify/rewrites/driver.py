@@ -32,7 +32,7 @@ from mnify.lint import (
     project_collectives,
 )
 from mnify.lint.noqa import parse_suppressions
-from mnify.rewrites import call_sites, communicator, distributed, imports
+from mnify.rewrites import call_sites, communicator, distributed, evaluator, imports
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import ApplyEdits, EditPlan
 from mnify.rewrites.facts import FactCollector
@@ -309,6 +309,18 @@ def _convert_project(
     peek = _peek_bn_factory(list(sources), converted)
     for ctx in contexts.values():
         ctx.external_bn = peek
+    found: dict[str, bool] = {}
+    for _ in range(3):  # a subclass in one file of an evaluator in another
+        for ctx in contexts.values():
+            ctx.project_evaluators = dict(found)
+        grown: dict[str, bool] = {}
+        for ctx in contexts.values():
+            grown.update(evaluator.project_evaluators(ctx))
+        if grown == found:
+            break
+        found = grown
+    for ctx in contexts.values():
+        ctx.project_evaluators = found
     for path, ctx in list(contexts.items()):
         try:
             _plan_file(ctx)

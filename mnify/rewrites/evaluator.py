@@ -101,22 +101,31 @@ def evaluator_classes(ctx: FileContext) -> dict[str, bool]:
     """This file's Evaluator subclasses (through other classes of the file too), each with
     whether its metric is over the whole test set: it overrides ``evaluate`` (or a base of this
     file does), or it derives from a library evaluator whose metric is not a mean."""
-    kinds: dict[str, bool] = {}
+    kinds: dict[str, bool] = dict(ctx.project_evaluators)  # other files' (module.Class)
     for name, bases in ctx.facts.class_bases.items():  # in order: bases come first
-        parents = [b for b in bases if vocab.is_evaluator_class(b) or b in kinds]
+        parents = [b for b in bases if vocab.is_evaluator_class(b) or b.lstrip(".") in kinds]
         if parents:
             kinds[name] = (
                 _defines_evaluate(ctx.facts.classes[name])
                 or any(vocab.is_whole_set_evaluator(b) for b in parents)
-                or any(kinds.get(b, False) for b in parents)
+                or any(kinds.get(b.lstrip("."), False) for b in parents)
             )
     return kinds
 
 
+def project_evaluators(ctx: FileContext) -> dict[str, bool]:
+    """This file's Evaluator subclasses under their qualified names (``evaluator.MAPEvaluator``),
+    for the files that import them."""
+    own = {k: v for k, v in evaluator_classes(ctx).items() if k in ctx.facts.class_bases}
+    return {f"{ctx.module_name}.{name}": whole for name, whole in own.items()}
+
+
 def _kind(call: CallFact, classes: dict[str, bool]) -> str | None:
     """``"mean"``, ``"whole-set"`` or None (not an evaluator construction)."""
-    if call.qname in classes:
-        return "whole-set" if classes[call.qname] else "mean"
+    bare = call.qname.lstrip(".")
+    for name, whole in classes.items():
+        if bare == name or ("." in name and bare.endswith("." + name)):
+            return "whole-set" if whole else "mean"
     if vocab.is_whole_set_evaluator(call.qname):
         return "whole-set"
     if vocab.is_evaluator(call.qname):
