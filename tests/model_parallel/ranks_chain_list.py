@@ -28,7 +28,7 @@ import chainer.links as L
 import numpy as np
 
 from mnify.runtime.links import MultiNodeChainList
-from tests.model_parallel.rank_common import assert_close, make_comm
+from tests.support.rank_checks import assert_close, make_comm, passed
 
 comm = make_comm()
 rank, size = comm.rank, comm.size
@@ -121,7 +121,7 @@ def check(
         assert_close(f"{name} piece {k} W", pieces[k].fc.W.array, reference[k].fc.W.array)
         assert_close(f"{name} piece {k} b", pieces[k].fc.b.array, reference[k].fc.b.array)
         assert not np.allclose(pieces[k].fc.W.array, untrained[k].fc.W.array), "W did not move"
-    print(f"CHECK chain_list_{name} ok", flush=True)
+    passed(f"chain_list_{name}")
 
 
 check("line", line_pieces, line_reference)
@@ -133,6 +133,6 @@ probe.add_link(L.Linear(2, 2), rank_in=None, rank_out=None)
 try:
     probe.add_link(L.Linear(2, 2), rank_in=None, rank_out=None)
 except ValueError:
-    print("CHECK one_output_piece ok", flush=True)
+    passed("one_output_piece")
 
 print("DONE", flush=True)

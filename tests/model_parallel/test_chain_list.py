@@ -20,5 +20,5 @@ def test_split_models_train_like_single_process(n: int) -> None:
     for r in range(n):
         lines = run.rank_lines(r)
         for check in ("chain_list_line", "chain_list_fan", "one_output_piece"):
-            assert f"CHECK {check} ok" in lines, run.describe()
+            assert f"PASS {check}" in lines, run.describe()
         assert "DONE" in lines, run.describe()

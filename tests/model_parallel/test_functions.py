@@ -34,6 +34,6 @@ def test_functions_match_single_process(n: int, debug: str) -> None:
     run = run_ranks(n, HERE / "ranks_functions.py", env=env, timeout=240)
     for r in range(n):
         lines = run.rank_lines(r)
-        missing = [c for c in CHECKS if f"CHECK {c} ok" not in lines]
+        missing = [c for c in CHECKS if f"PASS {c}" not in lines]
         assert not missing, f"rank {r} did not pass {missing}\n{run.describe()}"
         assert "DONE" in lines, run.describe()

@@ -21,5 +21,5 @@ def test_model_parallel_on_gpu() -> None:
     for r in range(2):
         lines = run.rank_lines(r)
         for check in ("gpu_parallel_convolution", "gpu_allgather", "gpu_send_recv"):
-            assert f"CHECK {check} ok" in lines, run.describe()
+            assert f"PASS {check}" in lines, run.describe()
         assert "DONE" in lines, run.describe()

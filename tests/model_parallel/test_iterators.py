@@ -27,6 +27,6 @@ def test_iterators_agree_across_ranks(n: int) -> None:
     run = run_ranks(n, HERE / "ranks_iterators.py", env=env, timeout=240)
     for r in range(n):
         lines = run.rank_lines(r)
-        missing = [c for c in CHECKS if f"CHECK {c} ok" not in lines]
+        missing = [c for c in CHECKS if f"PASS {c}" not in lines]
         assert not missing, f"rank {r} did not pass {missing}\n{run.describe()}"
         assert "DONE" in lines, run.describe()

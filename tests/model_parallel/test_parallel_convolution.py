@@ -35,7 +35,7 @@ def test_parallel_convolution_matches_convolution2d(n: int, debug: str) -> None:
     expected = CHECKS + (["debug_diverged_input"] if debug == "1" else [])
     for r in range(n):
         lines = run.rank_lines(r)
-        missing = [c for c in expected if f"CHECK {c} ok" not in lines]
+        missing = [c for c in expected if f"PASS {c}" not in lines]
         assert not missing, f"rank {r} did not pass {missing}\n{run.describe()}"
         assert "DONE" in lines, run.describe()
 

@@ -13,11 +13,11 @@ from typing import Any
 import chainer
 import chainer.links as L
 import numpy as np
-from script_support import assert_close, make_comm, report
 
 from mnify.runtime.datasets.scatter_dataset import scatter_dataset
 from mnify.runtime.extensions.checkpoint import create_multi_node_checkpointer
 from mnify.runtime.optimizers import create_multi_node_optimizer
+from tests.support.rank_checks import assert_close, make_comm, passed
 
 comm = make_comm()
 rank, size = comm.rank, comm.size
@@ -79,7 +79,7 @@ else:
     raise AssertionError("the run should have failed at iteration 5")
 assert own_checkpoints() == [3, 4, 5], own_checkpoints()  # cp_interval=2 common + the newest
 assert not [f for f in os.listdir(out) if f.startswith(f"tmp-run.{rank}.")], "temporary files left"
-report(comm, "generations kept after a failed run")
+passed("generations kept after a failed run", comm)
 
 comm.barrier()
 if rank == size - 1:
@@ -91,18 +91,18 @@ resumed = checkpointer2.maybe_load(trainer2, optimizer2)
 assert resumed == 4, resumed
 assert trainer2.updater.iteration == 4 and optimizer2.t == 4
 weights = trainer2.updater.get_optimizer("main").target.predictor.W.array
-assert_close(weights, history[4], "parameters after resuming", rtol=0)
+assert_close("parameters after resuming", weights, history[4], rtol=0)
 everyone = comm.allgather_obj(weights)
 assert all(np.array_equal(w, weights) for w in everyone), "ranks resumed with different weights"
-report(comm, "resumes from the newest iteration every rank has")
+passed("resumes from the newest iteration every rank has", comm)
 
 trainer2.run()
 assert trainer2.updater.iteration == 6
 assert own_checkpoints() == [], own_checkpoints()  # finished normally: cleaned up
 assert "avg=" in checkpointer2.get_stats()
-report(comm, "a finished run removes its checkpoints")
+passed("a finished run removes its checkpoints", comm)
 
 trainer3, optimizer3, checkpointer3, _ = make_trainer(seed=5, stop=1)
 assert checkpointer3.maybe_load(trainer3, optimizer3) is None
 assert trainer3.updater.iteration == 0
-report(comm, "nothing to resume from")
+passed("nothing to resume from", comm)

@@ -10,7 +10,6 @@ from typing import Any
 
 import chainer
 import numpy as np
-from script_support import make_comm, report
 
 from mnify.runtime.datasets.empty_dataset import create_empty_dataset
 from mnify.runtime.datasets.scatter_dataset import (
@@ -19,6 +18,7 @@ from mnify.runtime.datasets.scatter_dataset import (
     scatter_index,
     split_ranges,
 )
+from tests.support.rank_checks import make_comm, passed
 
 comm = make_comm()
 rank, size = comm.rank, comm.size
@@ -134,11 +134,11 @@ for kind in ("ndarray", "tuple", "dict", "list", "subdataset", "transform", "opa
         check_split(kind, n, root=0, shuffle=False, force=False)
         check_split(kind, n, root=size - 1, shuffle=True, force=True)
         check_split(kind, n, root=0, shuffle=True, force=False)
-report(comm, "dataset kinds: ChainerMN's shares, coverage, seeded shuffle, both modes")
+passed("dataset kinds: ChainerMN's shares, coverage, seeded shuffle, both modes", comm)
 
 check_split("tuple", 2, root=0, shuffle=False, force=False)  # some ranks get nothing
 check_split("ndarray", 1, root=0, shuffle=True, force=True)
-report(comm, "fewer examples than ranks")
+passed("fewer examples than ranks", comm)
 
 a = scatter_dataset(build("tuple", 20) if rank == 0 else None, comm, shuffle=True, seed=9)
 b = scatter_dataset(build("tuple", 20) if rank == 0 else None, comm, shuffle=True, seed=9)
@@ -146,7 +146,7 @@ assert [as_plain(e) for e in a] == [as_plain(e) for e in b], "same seed, differe
 # a non-root's dataset argument is ignored
 c = scatter_dataset(build("tuple", 20) if rank == 0 else ["ignored"], comm)
 assert len(c) == -(-20 // size)
-report(comm, "same seed gives the same split; non-root arguments are ignored")
+passed("same seed gives the same split; non-root arguments are ignored", comm)
 
 for n in (0, 7, 10):
     for force in (True, False):
@@ -164,8 +164,8 @@ assert [as_plain(e) for e in via_mpi4py] == [
     as_plain(e) for e in scatter_dataset(build("tuple", 10) if rank == 0 else None, comm)
 ]
 assert scatter_index(10, comm.mpi_comm) == tuple(split_ranges(10, size)[rank])
-report(comm, "scatter_index and root validation; bare mpi4py communicators")
+passed("scatter_index and root validation; bare mpi4py communicators", comm)
 
 empty = create_empty_dataset(build("tuple", 7))
 assert len(empty) == 7 and all(e == () for e in empty)
-report(comm, "create_empty_dataset")
+passed("create_empty_dataset", comm)

@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels" / "fakecu
 import chainer  # noqa: E402
 import cupy  # noqa: E402
 import numpy as np  # noqa: E402
-from script_support import make_comm, report  # noqa: E402
 
 from mnify.runtime.datasets.scatter_dataset import scatter_dataset, split_ranges  # noqa: E402
+from tests.support.rank_checks import make_comm, passed  # noqa: E402
 
 comm = make_comm()
 rank, size = comm.rank, comm.size
@@ -33,4 +33,4 @@ assert type(device_part).__module__ == "cupy", type(device_part)
 assert isinstance(host_part, np.ndarray) and type(host_part).__module__ == "numpy"
 assert np.array_equal(cupy.asnumpy(device_part), x[order[begin:end]])
 assert np.array_equal(host_part, y[order[begin:end]])
-report(comm, "CuPy arrays arrive as CuPy arrays holding only the share")
+passed("CuPy arrays arrive as CuPy arrays holding only the share", comm)

@@ -19,10 +19,10 @@ import chainer.functions as F  # noqa: E402
 import chainer.links as L  # noqa: E402
 import mnify_fake_device  # noqa: E402, F401  (CUDA kernels -> numpy twins)
 import numpy as np  # noqa: E402
-from script_support import assert_close, report  # noqa: E402
 
 from mnify.runtime.communicators import create_communicator  # noqa: E402
 from mnify.runtime.optimizers import create_multi_node_optimizer  # noqa: E402
+from tests.support.rank_checks import assert_close, passed  # noqa: E402
 
 chainer.global_config.dtype = np.dtype(np.float64)
 comm = create_communicator("pure_nccl")
@@ -51,7 +51,7 @@ for _ in range(4):
 opt.wait()
 assert opt.t == 2, opt.t
 for name, param in model.namedparams():
-    assert_close(param.array, start[name] - 2 * lr * mean_grad[name], f"{name}", 1e-10)
+    assert_close(f"{name}", param.array, start[name] - 2 * lr * mean_grad[name], 1e-10)
 everyone = comm.allgather_obj({name: p.array for name, p in model.namedparams()})
 assert all(np.array_equal(e[n], everyone[0][n]) for e in everyone for n in start)
-report(comm, "double buffering applies averaged gradients one step late")
+passed("double buffering applies averaged gradients one step late", comm)

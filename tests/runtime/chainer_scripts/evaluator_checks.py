@@ -16,11 +16,11 @@ import chainer
 import chainer.links as L
 import numpy as np
 from chainer.training import extensions
-from script_support import assert_close, make_comm, report
 
 from mnify.runtime.datasets.scatter_dataset import scatter_dataset
 from mnify.runtime.extensions.generic_evaluator import GenericMultiNodeEvaluator
 from mnify.runtime.extensions.multi_node_evaluator import create_multi_node_evaluator
+from tests.support.rank_checks import assert_close, make_comm, passed
 
 chainer.global_config.dtype = np.dtype(np.float64)
 comm = make_comm()
@@ -57,11 +57,11 @@ def check(n: int, batch: int, evaluator_class: Any = extensions.Evaluator) -> No
     got, shard, evaluator = evaluate_on_ranks(model, n, batch, evaluator_class)
     assert sorted(got) == sorted(expected), (sorted(got), sorted(expected))
     for key in expected:
-        assert_close(got[key], expected[key], f"n={n} batch={batch} {key}", rtol=1e-10)
+        assert_close(f"n={n} batch={batch} {key}", got[key], expected[key], rtol=1e-10)
     # evaluating again gives the same (the iterator is restored and reset)
     again = evaluator()
     for key in expected:
-        assert_close(again[key], got[key], f"second evaluation {key}", rtol=1e-12)
+        assert_close(f"second evaluation {key}", again[key], got[key], rtol=1e-12)
     # the test is sensitive: ChainerMN's unweighted mean of rank means misses here
     local = reference(model, shard) if len(shard) else {}
     everyone = comm.allgather_obj((len(shard), local))
@@ -113,27 +113,27 @@ def check_in_trainer() -> None:
     trainer.extend(capture)
     trainer.run()
     expected = reference(model, make_data(11))
-    assert_close(seen["validation/main/loss"], expected["main/loss"], "trainer loss", 1e-10)
-    assert_close(seen["validation/main/accuracy"], expected["main/accuracy"], "accuracy", 1e-10)
+    assert_close("trainer loss", seen["validation/main/loss"], expected["main/loss"], 1e-10)
+    assert_close("accuracy", seen["validation/main/accuracy"], expected["main/accuracy"], 1e-10)
 
 
 def mean_checks() -> None:
     """create_multi_node_evaluator averaging (ChainerMN's behaviour, weighted by examples)."""
     check(11, 64)  # uneven shards, one batch each
     check(11, 2)  # uneven shards and short last batches
-    report(comm, "weighted by examples: uneven shards and short batches match one process")
+    passed("weighted by examples: uneven shards and short batches match one process", comm)
 
     check(2, 4)  # fewer examples than ranks: some ranks evaluate nothing
-    report(comm, "ranks with empty shards")
+    passed("ranks with empty shards", comm)
 
     model = make_model()
     expected_loss = reference(model, make_data(13))["main/loss"]
     got, _, _ = evaluate_on_ranks(model, 13, 3, ManualEvaluator)
-    assert_close(got["main/loss"], expected_loss, "custom evaluate", rtol=1e-10)
-    report(comm, "custom evaluate weighted by iterator counts")
+    assert_close("custom evaluate", got["main/loss"], expected_loss, rtol=1e-10)
+    passed("custom evaluate weighted by iterator counts", comm)
 
     check_in_trainer()
-    report(comm, "inside a trainer, reported as validation/main/*")
+    passed("inside a trainer, reported as validation/main/*", comm)
 
 
 # ------------------------------------------------------------------------------------------
@@ -298,7 +298,7 @@ def check_no_reset_mean() -> None:
     for _ in range(2):
         got = {k: float(v) for k, v in evaluator().items()}
         for key in expected:
-            assert_close(got[key], expected[key], f"no-reset {key}", rtol=1e-10)
+            assert_close(f"no-reset {key}", got[key], expected[key], rtol=1e-10)
 
 
 def check_gathered_ap(n: int, batch: int, touch: bool = False, no_reset: bool = False) -> None:
@@ -353,7 +353,7 @@ def check_gathered_old_style() -> None:
     assert sorted(got) == sorted(expected), (sorted(got), sorted(expected))
     assert got["validation/main/median_loss"] == expected["validation/main/median_loss"]
     # the loss each call reported was replayed on rank 0 (equal batches: same mean)
-    assert_close(got["validation/main/loss"], expected["validation/main/loss"], "loss", 1e-12)
+    assert_close("loss", got["validation/main/loss"], expected["validation/main/loss"], 1e-12)
     on_every_rank_equal(got, "old-style result")
     own = len(it.dataset)
     assert model.real_calls == -(-own // it.batch_size), (model.real_calls, own)
@@ -484,34 +484,34 @@ def check_generic(n: int, batch: int, no_reset: bool) -> None:
 
 def pattern_checks() -> None:
     check_no_reset_mean()
-    report(comm, "averaging evaluator: iterator without reset() is copied, as Chainer does")
+    passed("averaging evaluator: iterator without reset() is copied, as Chainer does", comm)
 
     check_gathered_ap(23, 3)
     check_gathered_ap(23, 50)  # one batch per rank
-    report(comm, "gather: evaluate() override, whole-set AP equals one process exactly")
+    passed("gather: evaluate() override, whole-set AP equals one process exactly", comm)
 
     check_gathered_ap(23, 4, touch=True)
-    report(comm, "gather: inputs used beyond predict are sent on a second try, still exact")
+    passed("gather: inputs used beyond predict are sent on a second try, still exact", comm)
 
     check_gathered_ap(17, 3, no_reset=True)
-    report(comm, "gather: iterator without reset()")
+    passed("gather: iterator without reset()", comm)
 
     check_gathered_ap(2, 2)  # fewer examples than ranks: empty shards
-    report(comm, "gather: ranks with empty shards")
+    passed("gather: ranks with empty shards", comm)
 
     check_gathered_old_style()
-    report(comm, "gather: old-style __call__ model, converter, reports replayed")
+    passed("gather: old-style __call__ model, converter, reports replayed", comm)
 
     check_gathered_errors()
-    report(comm, "gather: a failure on one rank is raised on every rank")
+    passed("gather: a failure on one rank is raised on every rank", comm)
 
     check_gathered_in_trainer_with_watchdog_waits()
-    report(comm, "gather: in a trainer, same value on every rank, long waits untimed")
+    passed("gather: in a trainer, same value on every rank, long waits untimed", comm)
 
     check_generic(23, 3, no_reset=False)
     check_generic(11, 4, no_reset=True)
     check_generic(2, 2, no_reset=False)
-    report(comm, "GenericMultiNodeEvaluator: aggregate over all ranks equals one process")
+    passed("GenericMultiNodeEvaluator: aggregate over all ranks equals one process", comm)
 
 
 GROUPS = {"mean": mean_checks, "patterns": pattern_checks}

@@ -15,10 +15,10 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 import numpy as np
-from script_support import assert_close, make_comm, report
 
 from mnify import runtime as mn
 from mnify.runtime.links.create_mnbn_model import create_mnbn_model
+from tests.support.rank_checks import assert_close, make_comm, passed
 
 comm = make_comm()
 rank, size = comm.rank, comm.size
@@ -78,23 +78,23 @@ def check_function(
     )
     F.sum(y * gy_all[mine]).backward()
     what = f"counts={counts} shape={shape_tail} {np.dtype(dtype).name}"
-    assert_close(y.array, y_ref.array[mine], f"y {what}", rtol)
-    assert_close(x.grad, x_ref.grad[mine], f"gx {what}", rtol)
+    assert_close(f"y {what}", y.array, y_ref.array[mine], rtol)
+    assert_close(f"gx {what}", x.grad, x_ref.grad[mine], rtol)
     # gamma/beta gradients are per-rank sums: over the ranks they add up to the reference.
-    assert_close(comm.allreduce(g.grad), g_ref.grad, f"ggamma {what}", rtol)
-    assert_close(comm.allreduce(b.grad), b_ref.grad, f"gbeta {what}", rtol)
-    assert_close(rm, rm_ref, f"running mean {what}", rtol)
-    assert_close(rv, rv_ref, f"running var {what}", rtol)
+    assert_close(f"ggamma {what}", comm.allreduce(g.grad), g_ref.grad, rtol)
+    assert_close(f"gbeta {what}", comm.allreduce(b.grad), b_ref.grad, rtol)
+    assert_close(f"running mean {what}", rm, rm_ref, rtol)
+    assert_close(f"running var {what}", rv, rv_ref, rtol)
 
 
 check_function([4] * size, (3,), np.float64, 1e-10)
 check_function([3, 5, 2, 6][:size], (3, 2, 2), np.float64, 1e-10)
 check_function([3, 5, 2, 6][:size], (4, 3), np.float32, 1e-4)
-report(comm, "function matches batch_normalization of the concatenated batch, even and uneven")
+passed("function matches batch_normalization of the concatenated batch, even and uneven", comm)
 
 # A rank with an empty batch still takes part and gets the right statistics.
 check_function([0, *([3] * (size - 1))], (2, 3), np.float64, 1e-10)
-report(comm, "function with an empty batch on rank 0")
+passed("function with an empty batch on rank 0", comm)
 
 
 def check_link_running_stats_and_test_mode() -> None:
@@ -107,9 +107,9 @@ def check_link_running_stats_and_test_mode() -> None:
         x_all = rng.randn(sum(counts), 3, 2).astype(np.float64) * (step + 1)
         y_ref = ref(x_all)
         y = link(x_all[rank_slices(counts)[rank]])
-        assert_close(y.array, y_ref.array[rank_slices(counts)[rank]], f"link y step {step}", 1e-10)
-    assert_close(link.avg_mean, ref.avg_mean, "link avg_mean", 1e-10)
-    assert_close(link.avg_var, ref.avg_var, "link avg_var", 1e-10)
+        assert_close(f"link y step {step}", y.array, y_ref.array[rank_slices(counts)[rank]], 1e-10)
+    assert_close("link avg_mean", link.avg_mean, ref.avg_mean, 1e-10)
+    assert_close("link avg_var", link.avg_var, ref.avg_var, 1e-10)
     gathered = comm.allgather_obj((link.avg_mean, link.avg_var))
     for other_mean, other_var in gathered:
         if not (
@@ -123,14 +123,14 @@ def check_link_running_stats_and_test_mode() -> None:
     with chainer.using_config("train", False):
         y = link(x_test)
         y_ref = ref(x_test)
-    assert_close(y.array, y_ref.array, "test-mode output", 1e-10)
+    assert_close("test-mode output", y.array, y_ref.array, 1e-10)
     if counting.calls:
         raise AssertionError(f"test mode communicated ({counting.calls} calls)")
     link.comm = comm
 
 
 check_link_running_stats_and_test_mode()
-report(comm, "link running statistics, identical ranks, no communication in test mode")
+passed("link running statistics, identical ranks, no communication in test mode", comm)
 
 
 def check_link_options() -> None:
@@ -142,23 +142,23 @@ def check_link_options() -> None:
     link = mn.links.MultiNodeBatchNormalization(
         None, comm, use_gamma=False, use_beta=False, dtype=np.float64
     )
-    assert_close(link(x_all[mine]).array, ref(x_all).array[mine], "no gamma/beta, lazy size", 1e-10)
+    assert_close("no gamma/beta, lazy size", link(x_all[mine]).array, ref(x_all).array[mine], 1e-10)
     assert link.avg_mean.shape == (4,)
     ref.start_finetuning()
     link.start_finetuning()
     for _ in range(2):
         ref(x_all, finetune=True)
         link(x_all[mine], finetune=True)
-    assert_close(link.avg_var, ref.avg_var, "finetune avg_var", 1e-10)
+    assert_close("finetune avg_var", link.avg_var, ref.avg_var, 1e-10)
     assert link.N == ref.N == 2
 
     ref2 = L.BatchNormalization((4, 2), dtype=np.float64)
     link2 = mn.links.MultiNodeBatchNormalization((4, 2), comm, dtype=np.float64)
-    assert_close(link2(x_all[mine]).array, ref2(x_all).array[mine], "channel shape (4, 2)", 1e-10)
+    assert_close("channel shape (4, 2)", link2(x_all[mine]).array, ref2(x_all).array[mine], 1e-10)
 
 
 check_link_options()
-report(comm, "link options: no gamma/beta, lazy size, finetune, tuple size")
+passed("link options: no gamma/beta, lazy size, finetune, tuple size", comm)
 
 
 def check_mixed16() -> None:
@@ -181,14 +181,14 @@ def check_mixed16() -> None:
         assert y.dtype == xv.grad.dtype == np.float16
         results.append((y.array, xv.grad, bn.gamma.grad, bn.avg_var))
     (y_ref, gx_ref, gg_ref, var_ref), (y, gx, gg, var) = results
-    assert_close(y, y_ref[mine], "mixed16 y", 2e-3)
-    assert_close(gx, gx_ref[mine], "mixed16 gx", 2e-3)
-    assert_close(comm.allreduce(gg), gg_ref, "mixed16 ggamma", 1e-3)
-    assert_close(var, var_ref, "mixed16 running var", 1e-4)
+    assert_close("mixed16 y", y, y_ref[mine], 2e-3)
+    assert_close("mixed16 gx", gx, gx_ref[mine], 2e-3)
+    assert_close("mixed16 ggamma", comm.allreduce(gg), gg_ref, 1e-3)
+    assert_close("mixed16 running var", var, var_ref, 1e-4)
 
 
 check_mixed16()
-report(comm, "mixed16: float16 activations, float32 statistics")
+passed("mixed16: float16 activations, float32 statistics", comm)
 
 
 def check_offset_inputs_float32() -> None:
@@ -202,12 +202,12 @@ def check_offset_inputs_float32() -> None:
     exact = (x_all - x_all.mean(axis=(0, 2), keepdims=True)) / np.sqrt(
         x_all.var(axis=(0, 2), keepdims=True) + 2e-5
     )
-    assert_close(y, exact[mine], "normalised offset inputs", 1e-4)
-    assert_close(link.avg_mean, 0.1 * x_all.mean(axis=(0, 2)), "running mean", 1e-5)
+    assert_close("normalised offset inputs", y, exact[mine], 1e-4)
+    assert_close("running mean", link.avg_mean, 0.1 * x_all.mean(axis=(0, 2)), 1e-5)
 
 
 check_offset_inputs_float32()
-report(comm, "float32 inputs with a large offset keep their variance")
+passed("float32 inputs with a large offset keep their variance", comm)
 
 
 class Net(chainer.Chain):
@@ -253,7 +253,7 @@ def check_create_mnbn_model() -> None:
     # the copy computes what the original computes on the whole batch
     x_all = np.random.RandomState(4).randn(size * 2, 3).astype(np.float32)
     mine = slice(rank * 2, rank * 2 + 2)
-    assert_close(converted(x_all[mine]).array, net(x_all).array[mine], "converted model", 1e-4)
+    assert_close("converted model", converted(x_all[mine]).array, net(x_all).array[mine], 1e-4)
 
     again = copy.deepcopy(converted)
     assert again.bn.comm is comm and again.bn is not converted.bn
@@ -270,4 +270,4 @@ def check_create_mnbn_model() -> None:
 
 
 check_create_mnbn_model()
-report(comm, "create_mnbn_model on Chain, Sequential and ChainList")
+passed("create_mnbn_model on Chain, Sequential and ChainList", comm)

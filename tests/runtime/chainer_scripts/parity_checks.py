@@ -24,10 +24,10 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 import numpy as np
-from script_support import assert_close, make_comm, report
 
 from mnify import runtime as mn
 from mnify.runtime.links.create_mnbn_model import create_mnbn_model
+from tests.support.rank_checks import assert_close, make_comm, passed
 
 chainer.global_config.dtype = np.dtype(np.float64)  # exact arithmetic: parity errors ~1e-12
 comm = make_comm()
@@ -191,7 +191,7 @@ def check_parity(
         # atol only matters for the bias right before batch norm: its exact gradient is zero,
         # so both sides hold rounding noise (~1e-18 in float64, ~1e-8 in float32).
         atol = 1e-12 if np.dtype(dtype) == np.float64 else 1e-7
-        assert_close(mine[key], expected[key], f"{name} counts={counts} {key}", 1e-5, atol)
+        assert_close(f"{name} counts={counts} {key}", mine[key], expected[key], 1e-5, atol)
     everyone = comm.allgather_obj(mine)
     for other in everyone:
         for key in expected:
@@ -221,21 +221,21 @@ def cnn_ref() -> chainer.Link:
 
 check_parity("mlp", mlp_mn, mlp_ref, even, (5,))
 check_parity("mlp", mlp_mn, mlp_ref, uneven, (5,))
-report(comm, "MLP with MultiNodeBatchNormalization, even and uneven batches")
+passed("MLP with MultiNodeBatchNormalization, even and uneven batches", comm)
 
 check_parity("cnn", cnn_mn, cnn_ref, even, (2, 4, 4))
 check_parity("cnn", cnn_mn, cnn_ref, uneven, (2, 4, 4))
-report(comm, "CNN via create_mnbn_model, even and uneven batches")
+passed("CNN via create_mnbn_model, even and uneven batches", comm)
 
 check_parity("mlp per-example", mlp_mn, mlp_ref, uneven, (5,), per_example=True)
-report(comm, "uneven batches with per-example loss weighting")
+passed("uneven batches with per-example loss weighting", comm)
 
 check_parity("mlp float32", mlp_mn, mlp_ref, uneven, (5,), dtype=np.float32)
 check_parity("cnn float32", cnn_mn, cnn_ref, uneven, (2, 4, 4), dtype=np.float32)
-report(comm, "float32 models within 1e-5")
+passed("float32 models within 1e-5", comm)
 
 check_parity("two heads", lambda: TwoHeads(multi_node_bn), lambda: TwoHeads(plain_bn), uneven, (5,))
-report(comm, "a head unused on some ranks: zero_fill averages zeros for it")
+passed("a head unused on some ranks: zero_fill averages zeros for it", comm)
 
 check_parity(
     "lazy mlp",
@@ -244,7 +244,7 @@ check_parity(
     uneven,
     (5,),
 )
-report(comm, "lazily initialised Linear(None, n): broadcast after init, no batch lost")
+passed("lazily initialised Linear(None, n): broadcast after init, no batch lost", comm)
 
 
 def check_forward_count() -> None:
@@ -270,7 +270,7 @@ def check_forward_count() -> None:
 
 
 check_forward_count()
-report(comm, "one extra forward, in recomputing mode, only when lazy parameters appear")
+passed("one extra forward, in recomputing mode, only when lazy parameters appear", comm)
 
 
 def check_update_without_lossfun() -> None:
@@ -300,7 +300,7 @@ def check_update_without_lossfun() -> None:
 
 
 check_update_without_lossfun()
-report(comm, "update() without a loss function broadcasts first, then averages")
+passed("update() without a loss function broadcasts first, then averages", comm)
 
 
 def check_attribute_pass_through() -> None:
@@ -344,7 +344,7 @@ def check_attribute_pass_through() -> None:
 
 
 check_attribute_pass_through()
-report(comm, "attributes pass through to the wrapped optimizer")
+passed("attributes pass through to the wrapped optimizer", comm)
 
 
 def check_trainer_run() -> None:
@@ -381,8 +381,8 @@ def check_trainer_run() -> None:
         ref_opt.update(ref, *chainer.dataset.concat_examples([data[int(j)] for j in rows]))
     mine, expected = persistent_arrays(model), persistent_arrays(ref)
     for key in expected:
-        assert_close(mine[key], expected[key], f"trainer {key}", 1e-5, 1e-12)
+        assert_close(f"trainer {key}", mine[key], expected[key], 1e-5, 1e-12)
 
 
 check_trainer_run()
-report(comm, "a Trainer with StandardUpdater equals one process on the global batches")
+passed("a Trainer with StandardUpdater equals one process on the global batches", comm)
