@@ -90,6 +90,7 @@ _SPINS = 64
 _YIELD_FOR = 2e-3
 _FIRST_SLEEP = 2e-5
 _MAX_SLEEP = 1e-3
+_yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 class Deadline(Protocol):
@@ -376,7 +377,7 @@ class SharedMemoryReducer:
         try:
             yield_until = time.monotonic() + _YIELD_FOR
             while counters[index] < value:
-                os.sched_yield()
+                _yield_cpu()
                 if time.monotonic() > yield_until:
                     break
             pause = _FIRST_SLEEP
