@@ -7,7 +7,9 @@ shrunk to minimal examples. The run goes in chunks with different seeds. A failu
 under a signature (property + message with line numbers and quoted code masked); once a
 signature is filed, later examples failing the same way count as hits of a known failure and
 the search goes on for new ones. Every filed failure is written to ``--failures DIR`` as
-``NN-<property>.py`` (the minimal input) and ``NN-<property>.txt`` (what failed).
+``NN-<property>.py`` (the minimal input: hypothesis's shrunk draw, then reduced statement by
+statement), ``NN-<property>.drawn.py`` (the shrunk draw) and ``NN-<property>.txt`` (what
+failed). ``--reduce FILE`` reduces one failing script and prints it.
 
     nice -n 19 timeout 3h .venv/bin/python scripts/hypothesis_long.py --examples 50000
 """
@@ -15,10 +17,14 @@ the search goes on for new ones. Every filed failure is written to ``--failures 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
+import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,8 +59,24 @@ def signature(prop: str, detail: str) -> str:
 class Failure:
     prop: str
     detail: str
-    source: str
+    source: str  # as hypothesis shrank it
     hits: int = 1
+    reduced: str | None = None  # after reduce_source
+
+
+def failure_signature(source: str, arbitrary: bool) -> str | None:
+    """The signature ``source`` fails with under the properties, or None when it passes."""
+    try:
+        if arbitrary:
+            try:
+                check_arbitrary_program(source)
+            except Exception as exc:
+                raise PropertyFailure("arbitrary-program", f"{type(exc).__name__}: {exc}") from exc
+        else:
+            check_skeleton(source)
+    except PropertyFailure as failure:
+        return signature(failure.prop, failure.detail)
+    return None
 
 
 @dataclass
@@ -84,7 +106,9 @@ class Run:
         raise PropertyFailure(prop, detail)
 
 
-def run_chunk(run: Run, examples: int, chunk_seed: int, arbitrary: bool, shrink: bool) -> None:
+def run_chunk(
+    run: Run, examples: int, chunk_seed: int, arbitrary: bool, shrink: bool, reduce: bool
+) -> None:
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
     config = settings(
         max_examples=examples,
@@ -127,6 +151,85 @@ def run_chunk(run: Run, examples: int, chunk_seed: int, arbitrary: bool, shrink:
         # hypothesis replays the minimal example last, so run.last is the shrunk one
         assert run.target is not None and run.last is not None
         run.filed[run.target] = run.last
+        if reduce:
+            target = run.target
+            run.last.reduced = reduce_source(
+                run.last.source, lambda text: failure_signature(text, arbitrary) == target
+            )
+
+
+def _blocks(tree: ast.AST) -> list[tuple[ast.AST, str]]:
+    """Every statement list in ``tree``, as (owner, field)."""
+    found = []
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            value = getattr(node, name, None)
+            if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+                found.append((node, name))
+    return found
+
+
+def _variants(source: str) -> list[str]:
+    """Smaller programs: one statement dropped, or a compound statement replaced by its body."""
+    out = []
+    tree = ast.parse(source)
+    for b, (owner, name) in enumerate(_blocks(tree)):
+        for i in range(len(getattr(owner, name))):
+            for unwrap in (False, True):
+                copy = ast.parse(source)
+                block_owner, block_name = _blocks(copy)[b]
+                body = getattr(block_owner, block_name)
+                stmt = body[i]
+                if unwrap:
+                    inner = getattr(stmt, "body", None)
+                    if not isinstance(inner, list) or isinstance(stmt, ast.FunctionDef):
+                        continue
+                    body[i : i + 1] = inner
+                else:
+                    del body[i]
+                if not body:
+                    body.append(ast.Pass())
+                out.append(ast.unparse(copy) + "\n")
+    return out
+
+
+def _names_defined(source: str) -> bool:
+    """No undefined names (ruff's F821), so a reduced example is still a sensible program.
+    Without ruff on PATH or beside this interpreter every candidate counts as sensible."""
+    ruff = shutil.which("ruff") or shutil.which("ruff", path=str(Path(sys.executable).parent))
+    if ruff is None:
+        return True
+    check = subprocess.run(
+        [ruff, "check", "--isolated", "--select", "F821", "--stdin-filename", "x.py", "-"],
+        input=source,
+        capture_output=True,
+        text=True,
+    )
+    return check.returncode == 0
+
+
+def reduce_source(source: str, still_fails: Callable[[str], bool], budget: int = 2000) -> str:
+    """Greedy statement-level delta debugging: the smallest program that still fails the
+    same way (hypothesis shrinks the draws; this also drops the scaffold the grammar always
+    writes)."""
+    current = source
+    tries = 0
+    progress = True
+    while progress and tries < budget:
+        progress = False
+        for candidate in _variants(current):
+            tries += 1
+            if (
+                len(candidate) < len(current)
+                and _names_defined(candidate)
+                and still_fails(candidate)
+            ):
+                current = candidate
+                progress = True
+                break
+            if tries >= budget:
+                break
+    return current
 
 
 def write_failures(run: Run, folder: Path) -> None:
@@ -134,7 +237,9 @@ def write_failures(run: Run, folder: Path) -> None:
     summary = []
     for n, (sig, failure) in enumerate(run.filed.items(), 1):
         stem = f"{n:02d}-{failure.prop}"
-        (folder / f"{stem}.py").write_text(failure.source, encoding="utf-8")
+        (folder / f"{stem}.py").write_text(failure.reduced or failure.source, encoding="utf-8")
+        if failure.reduced is not None:
+            (folder / f"{stem}.drawn.py").write_text(failure.source, encoding="utf-8")
         (folder / f"{stem}.txt").write_text(
             f"property: {failure.prop}\nsignature: {sig}\nhits: {failure.hits}\n\n{failure.detail}\n",
             encoding="utf-8",
@@ -156,7 +261,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--failures", type=Path, default=Path("hypothesis-failures"))
     parser.add_argument("--no-shrink", action="store_true", help="file failures as drawn")
+    parser.add_argument(
+        "--no-reduce", action="store_true", help="skip statement-level reduction of failures"
+    )
+    parser.add_argument(
+        "--reduce",
+        type=Path,
+        metavar="FILE",
+        help="only reduce FILE (a failing script) to a minimal one, print it and exit",
+    )
     options = parser.parse_args(argv)
+
+    if options.reduce is not None:
+        text = options.reduce.read_text(encoding="utf-8")
+        target = failure_signature(text, arbitrary=False)
+        if target is None:
+            print(f"{options.reduce} passes every property")
+            return 0
+        print(f"# {target}")
+        print(reduce_source(text, lambda t: failure_signature(t, False) == target), end="")
+        return 1
 
     run = Run()
     start = time.monotonic()
@@ -166,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         arbitrary = every > 0 and chunk % every == every - 1
         size = min(options.chunk, options.examples - run.tried)
         before = len(run.filed)
-        run_chunk(run, size, options.seed + chunk, arbitrary, not options.no_shrink)
+        run_chunk(
+            run, size, options.seed + chunk, arbitrary, not options.no_shrink, not options.no_reduce
+        )
         chunk += 1
         write_failures(run, options.failures)
         new = len(run.filed) - before

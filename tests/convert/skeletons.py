@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -589,10 +590,12 @@ def trainer_sections(draw: st.DrawFn, scope: Scope, device: str) -> list[Stmt]:
 
 
 @st.composite
-def custom_loops(draw: st.DrawFn, scope: Scope, device: str) -> list[Stmt]:
-    """A hand-written loop: update, then user blocks; per epoch an evaluation block."""
+def custom_loops(draw: st.DrawFn, scope: Scope, device: str) -> tuple[list[Stmt], list[Stmt]]:
+    """A hand-written loop: update, then user blocks; per epoch an evaluation block. Also
+    returns module-level helpers it calls (a progress logger called from the loop body)."""
     n = scope.names
     stmts: list[Stmt] = []
+    helpers: list[Stmt] = []
     has_evaluator = draw(st.booleans())
     if has_evaluator:
         evaluator = f"extensions.Evaluator({n.test_iter}, {n.model}, device={device})"
@@ -622,6 +625,12 @@ def custom_loops(draw: st.DrawFn, scope: Scope, device: str) -> list[Stmt]:
         header = f"for {n.iteration} in range({n.args}.epoch * 100)"
     body += draw(mixed_blocks(inner))
     if draw(st.booleans()):
+        logger = Scope(names=replace(n, args="opts", iteration="step", train_iter="it"), loop=True)
+        helpers.append(
+            Block("def log_progress(opts, step, it)", tuple(draw(mixed_blocks(logger, 2))))
+        )
+        body.append(Line(f"log_progress({n.args}, {n.iteration}, {n.train_iter})"))
+    if draw(st.booleans()):
         epoch_end: list[Stmt] = [draw(prints(inner))[0]]
         if has_evaluator or scope.eval_helper:
             epoch_end += draw(evaluations(inner))
@@ -631,8 +640,16 @@ def custom_loops(draw: st.DrawFn, scope: Scope, device: str) -> list[Stmt]:
     if draw(st.booleans()):
         body += draw(mixed_blocks(inner))
     stmts.append(Block(header, tuple(body)))
-    return stmts
+    return stmts, helpers
 
+
+_BANNER = Block(
+    "def banner()",
+    (
+        Line("print('Chainer version:', chainer.__version__)"),
+        Block("if chainer.backends.cuda.available", (Line("print('CUDA is available')"),)),
+    ),
+)
 
 _EVALUATE_HELPER = Block(
     "def evaluate(model, iterator)",
@@ -708,13 +725,17 @@ class Skeleton:
         kind = "distributed" if self.distributed else "single-GPU"
         return f"Skeleton({kind}, {self.layout}, {self.training}, {lines} lines)"
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Hypothesis prints falsifying examples with its pretty printer, not repr()."""
+        printer.text(repr(self))
+
 
 @st.composite
 def skeletons(draw: st.DrawFn, distributed: bool | None = None) -> Skeleton:
     """A whole Chainer 7 training script (see the module docstring)."""
     n = draw(names_strategy())
     if distributed is None:
-        distributed = draw(st.integers(0, 9)) == 0
+        distributed = draw(st.sampled_from([False] * 9 + [True]))  # about one in ten
     device = draw(st.sampled_from(["gpu", "device"]))
     layout = draw(st.sampled_from(["main-guarded", "main-bare", "module-guarded", "module-bare"]))
     args_style = draw(st.sampled_from(["inline", "helper"]))
@@ -725,6 +746,9 @@ def skeletons(draw: st.DrawFn, distributed: bool | None = None) -> Skeleton:
 
     module_helpers: list[Stmt] = []
     body: list[Stmt] = []
+    if draw(st.booleans()):  # a helper that prints, called before the communicator can exist
+        module_helpers.append(_BANNER)
+        body.append(Line("banner()"))
     if args_style == "helper":
         module_helpers.append(
             Block(
@@ -745,7 +769,7 @@ def skeletons(draw: st.DrawFn, distributed: bool | None = None) -> Skeleton:
     body += header
     if draw(st.booleans()):
         helper = draw(st.sampled_from(["show_config", "log_header"]))
-        inner = Scope(names=replace(n, args="config"), distributed=distributed)
+        inner = Scope(names=replace(n, args="config"))  # no comm in there: main owns it
         module_helpers.append(Block(f"def {helper}(config)", tuple(draw(mixed_blocks(inner)))))
         body.append(Line(f"{helper}({n.args})"))
 
@@ -785,7 +809,11 @@ def skeletons(draw: st.DrawFn, distributed: bool | None = None) -> Skeleton:
         eval_helper = draw(st.booleans())
         if eval_helper:
             module_helpers.append(_EVALUATE_HELPER)
-        body += draw(custom_loops(replace(scope, eval_helper=eval_helper), device_expr))
+        loop, loop_helpers = draw(
+            custom_loops(replace(scope, eval_helper=eval_helper), device_expr)
+        )
+        body += loop
+        module_helpers += loop_helpers
 
     # the tail after training: saves, writes, prints, maybe through a helper
     if draw(st.booleans()):
