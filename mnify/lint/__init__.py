@@ -11,7 +11,7 @@ from __future__ import annotations
 from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
 from mnify.lint.registry import ALL_RULES, SelectorError, rule_for, select_rules
 from mnify.lint.rule import Rule
-from mnify.lint.runner import lint_source, lint_wrapper, project_collectives
+from mnify.lint.runner import lint_source, lint_wrapper, parse_project, project_collectives
 
 __all__ = [
     "ALL_RULES",
@@ -21,6 +21,7 @@ __all__ = [
     "SelectorError",
     "lint_source",
     "lint_wrapper",
+    "parse_project",
     "project_collectives",
     "rule_for",
     "select_rules",

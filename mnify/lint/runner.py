@@ -175,18 +175,29 @@ def lint_wrapper(
     return sorted(diagnostics)
 
 
-def project_collectives(files: Mapping[str, str]) -> dict[str, str]:
-    """Module-level functions of a project's files that perform a collective, directly or
-    through other functions of the project: ``{"helpers.load_data": "scatter_dataset"}``
-    (module named by its file's stem). Files that do not parse are left out."""
-    from mnify.lint.rules.collectives import CollectiveOnSomeRanks
-
+def parse_project(files: Mapping[str, str]) -> dict[str, MetadataWrapper]:
+    """Every file that parses, wrapped for metadata (resolve once, lint and analyse many times)."""
     modules: dict[str, MetadataWrapper] = {}
     for path, source in files.items():
         try:
             modules[path] = MetadataWrapper(parse(source, path), unsafe_skip_copy=True)
         except LintSyntaxError:
             continue
+    return modules
+
+
+def project_collectives(
+    files: Mapping[str, str], wrappers: Mapping[str, MetadataWrapper] | None = None
+) -> dict[str, str]:
+    """Module-level functions of a project's files that perform a collective, directly or
+    through other functions of the project: ``{"helpers.load_data": "scatter_dataset"}``
+    (module named by its file's stem). Files that do not parse are left out; ``wrappers``
+    (from :func:`parse_project`) saves parsing them again."""
+    from mnify.lint.rules.collectives import CollectiveOnSomeRanks
+
+    modules = dict(wrappers) if wrappers is not None else parse_project(files)
+    if len(modules) < 2:
+        return {}  # a file's own functions are followed by MN301 itself
     found: dict[str, str] = {}
     for _ in range(len(modules) + 1):  # each round can add a caller of last round's finds
         grown: dict[str, str] = {}
