@@ -129,6 +129,8 @@ CPU_COMMUNICATORS = {"mnify": "flat", "chainermn": "naive"}
 def cpu_communicator(target: str) -> str:
     """The communicator a CPU run gets under ``--target`` (DESIGN §1)."""
     return CPU_COMMUNICATORS.get(target, CPU_COMMUNICATORS["mnify"])
+
+
 # cupy attributes that do not allocate on the current device.
 _CUPY_NON_ALLOCATING = frozenset(
     {
