@@ -169,6 +169,20 @@ def _names_module(ctx: FileContext, expr: cst.BaseExpression, module: str) -> bo
     return False
 
 
+def _from_optimizer_table(ctx: FileContext, call: CallFact) -> bool:
+    """``OPTIMIZERS[name](cfg)``: a call of an entry of a dict (of lambdas or functions)
+    whose values build optimizers."""
+    func = call.node.func
+    if not isinstance(func, cst.Subscript) or not isinstance(func.value, cst.Name):
+        return False
+    tables = [
+        a.stmt for a in ctx.facts.assigns_of(func.value.value) if isinstance(a.value, cst.Dict)
+    ]
+    return any(
+        vocab.is_optimizer(c.qname) and c.stmt is table for c in ctx.facts.calls for table in tables
+    )
+
+
 def _optimizers_built_by_name(ctx: FileContext) -> None:
     """``build(config['optimizer'], chainer.optimizers)``: a helper handed Chainer's optimizer
     module returns an optimizer it built by name; it is wrapped where the entry point calls it."""
@@ -176,7 +190,9 @@ def _optimizers_built_by_name(ctx: FileContext) -> None:
     for call in ctx.facts.calls:
         if not ctx.visible(call.func) or call.stmt is None:
             continue
-        if not any(_names_module(ctx, a.value, vocab.OPTIMIZERS_MODULE) for a in call.node.args):
+        if not any(
+            _names_module(ctx, a.value, vocab.OPTIMIZERS_MODULE) for a in call.node.args
+        ) and not _from_optimizer_table(ctx, call):
             continue
         if vocab.is_multi_node_optimizer_factory(call.parent_qname) or ctx.suppressed(
             call.node, "optimizer"

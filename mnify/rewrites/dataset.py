@@ -118,6 +118,7 @@ def plan(ctx: FileContext) -> None:
                 continue
             if evaluator.gathers_test_set(ctx, call):
                 unequal.add(name)  # gathered again: padding would count examples twice
+            stmt = _outside_loops(ctx, name, stmt)
             block = ctx.facts.block_of[id(stmt)]
             index = list(block.body).index(stmt)
             item = work.get(id(block.owner))
@@ -237,6 +238,30 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
             item.unequal & group,
         )
         _plan_group(ctx, sub, f"{n}.{k}", whole, comm, scatter)
+
+
+def _outside_loops(ctx: FileContext, name: str, stmt: cst.BaseStatement) -> cst.BaseStatement:
+    """Where the scatter of ``name`` belongs for an iterator built at ``stmt``: the iterator's
+    own statement, unless it sits in a loop (or a branch of one) that the dataset was loaded
+    before, as an evaluation iterator rebuilt every N iterations is. Then the statement of the
+    dataset's block that holds the loop: the dataset is scattered once, where it was loaded."""
+    assigned = {id(a.stmt) for a in ctx.facts.assigns_of(name) if a.stmt is not None}
+    current: cst.BaseStatement | None = stmt
+    best = stmt
+    crossed_loop = False
+    while current is not None:
+        block = ctx.facts.block_of.get(id(current))
+        if block is not None:
+            earlier = list(block.body)[: list(block.body).index(current)]
+            if any(id(e) in assigned for e in earlier):
+                return current if crossed_loop else best
+        parent = ctx.facts.parent_statement(current)
+        if isinstance(parent, (cst.For, cst.While)):
+            crossed_loop = True
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef)) or parent is None:
+            break
+        current = parent
+    return best
 
 
 def _companions(ctx: FileContext, call: CallFact, dataset: str) -> list[str]:

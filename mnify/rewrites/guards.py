@@ -163,8 +163,17 @@ def _calls_in(ctx: FileContext, scope: cst.FunctionDef | cst.ClassDef) -> list[C
     return [c for c in ctx.facts.calls if ctx.outermost_scope(c.func) is scope]
 
 
-def _writes(ctx: FileContext, scope: cst.FunctionDef | cst.ClassDef) -> bool:
-    return any(_writer_name(ctx, c) is not None for c in _calls_in(ctx, scope))
+def _writes(ctx: FileContext, scope: cst.FunctionDef | cst.ClassDef, depth: int = 2) -> bool:
+    """Whether code in ``scope`` writes, itself or through this file's functions it calls
+    (``write_pgm(path, image)`` from an extension), a couple of calls deep."""
+    for call in _calls_in(ctx, scope):
+        if _writer_name(ctx, call) is not None:
+            return True
+        callee = ctx.facts.module_functions.get(call.qname.lstrip("."))
+        if depth > 0 and callee is not None and callee is not scope:
+            if _writes(ctx, callee, depth - 1):
+                return True
+    return False
 
 
 _STATEFUL_METHODS = frozenset({"update", "setup", "extend", "run", "add_hook", "to_gpu"})
