@@ -52,6 +52,7 @@ def signature(prop: str, detail: str) -> str:
     text = re.sub(r"`[^`]*`", "`…`", detail)
     text = re.sub(r"'([^']*)'", _mask_quoted, text)
     text = re.sub(r"\b\d+\b", "N", text)
+    text = re.sub(r"(\('MN\d+', '…'\))(, \1)+", r"\1", text)  # how often does not matter
     return f"{prop}: {text[:300]}"
 
 

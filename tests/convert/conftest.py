@@ -17,7 +17,7 @@ from hypothesis import Phase, settings
 
 settings.register_profile(
     "mnify-ci",
-    max_examples=25,
+    max_examples=15,
     derandomize=True,
     database=None,
     deadline=None,

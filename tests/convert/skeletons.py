@@ -786,6 +786,8 @@ def skeletons(draw: st.DrawFn, distributed: bool | None = None) -> Skeleton:
 
     loads, data_helpers = draw(dataset_loads(scope))
     module_helpers += data_helpers
+    iterators = _iterators(n, draw(st.integers(0, 4)) == 0)
+    after = replace(scope, data=True)
     if distributed:
         body.append(
             Block(
@@ -796,10 +798,40 @@ def skeletons(draw: st.DrawFn, distributed: bool | None = None) -> Skeleton:
         )
         body.append(Line(f"{n.train} = {n.mn}.scatter_dataset({n.train}, {n.comm}, shuffle=True)"))
         body.append(Line(f"{n.test} = {n.mn}.scatter_dataset({n.test}, {n.comm})"))
+        body += iterators
     else:
-        body += loads
+        data_layout = draw(st.sampled_from(["flat", "flat", "branches", "try", "with"]))
+        if data_layout == "flat":
+            body += loads + iterators
+        elif data_layout == "branches":  # each branch loads and builds its own iterators
+            other = [Line(f"{n.train}, {n.test} = chainer.datasets.get_mnist()")]
+            other += draw(mixed_blocks(after, 2)) if draw(st.booleans()) else []
+            body.append(
+                Block(
+                    f"if {n.args}.dataset == 'cifar10'",
+                    (Line(f"{n.train}, {n.test} = chainer.datasets.get_cifar10()"), *iterators),
+                    (("else", (*other, *iterators)),),
+                )
+            )
+        elif data_layout == "try":  # loading and iterators inside try, a fallback in except
+            fallback = [Line(f"{n.train}, {n.test} = chainer.datasets.get_mnist()"), *iterators]
+            body.append(
+                Block(
+                    "try", (*loads, *iterators), (("except (IOError, OSError)", tuple(fallback)),)
+                )
+            )
+        else:  # under a with block, as data loaded in a config scope
+            body.append(
+                Block(
+                    "with chainer.using_config('dtype', np.float32)",
+                    (
+                        *loads,
+                        *iterators,
+                        *(draw(mixed_blocks(after, 2)) if draw(st.booleans()) else []),
+                    ),
+                )
+            )
     scope = replace(scope, data=True, model=True)
-    body += _iterators(n, draw(st.integers(0, 4)) == 0)
     if draw(st.booleans()):
         body += draw(mixed_blocks(scope))  # between setup and training
 

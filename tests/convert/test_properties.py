@@ -486,21 +486,35 @@ def check_no_nested_guard(source: str, output: str) -> None:
 # ------------------------------------------------------------------------- deadlock lint
 
 
+_lint_cache: dict[str, Counter[tuple[str, str]]] = {}
+
+
 def deadlock_findings(source: str) -> Counter[tuple[str, str]]:
     """MN301/MN302 findings keyed by code and the flagged source text (lines shift)."""
+    found = _lint_cache.get(source)
+    if found is not None:
+        return found
     lines = source.splitlines()
-    found: Counter[tuple[str, str]] = Counter()
+    found = Counter()
     for d in lint_source(source, PATH, select=list(DEADLOCK_RULES)):
         if d.line == d.end_line:
             text = lines[d.line - 1][d.col - 1 : d.end_col - 1]
         else:
             text = lines[d.line - 1][d.col - 1 :]
         found[(d.code, text.strip())] += 1
+    if len(_lint_cache) > 256:
+        _lint_cache.clear()
+    _lint_cache[source] = found
     return found
 
 
-def check_no_new_deadlock(source: str, output: str) -> None:
+def check_no_new_deadlock(
+    source: str, output: str, codes: tuple[str, ...] = DEADLOCK_RULES
+) -> None:
+    """No MN301 (a collective only some ranks reach: a hang) or MN302 (rank-divergent work
+    before a timed collective) finding in the output that the input lacked."""
     new = deadlock_findings(output) - deadlock_findings(source)
+    new = Counter({key: n for key, n in new.items() if key[0] in codes})
     assert not new, f"the output has deadlock findings the input lacked: {sorted(new)}"
 
 
@@ -617,7 +631,7 @@ def test_generator_exercises_the_converter() -> None:
 
     collect()
     both = sum(g and s for g, s in outcomes)
-    assert len(outcomes) >= max(10, len(rejected)), f"the converter rejected {rejected}"
+    assert len(outcomes) >= max(8, len(rejected)), f"the converter rejected {rejected}"
     assert both >= 0.8 * len(outcomes), f"only {both}/{len(outcomes)} got a guard and a scatter"
 
 
@@ -665,17 +679,27 @@ def test_skeleton_guards_are_not_nested(skeleton: Skeleton) -> None:
         check_no_nested_guard(skeleton.source, output)
 
 
+@_skeleton_test(0.6)
+def test_skeleton_conversion_adds_no_collective_on_some_ranks(skeleton: Skeleton) -> None:
+    _show(skeleton)
+    output = accepted_output(skeleton.source)
+    if output is not None:
+        check_no_new_deadlock(skeleton.source, output, ("MN301",))
+
+
 @pytest.mark.xfail(
     strict=False,
     reason="converter: rank-0 writes before a collective without comm.barrier() give MN302 "
     "(test_converter_bug_found_by_the_search[save-ends-loop-body], [save-before-trainer-run])",
 )
-@_skeleton_test(0.5)
-def test_skeleton_conversion_adds_no_deadlock(skeleton: Skeleton) -> None:
+@_skeleton_test(0.6)
+def test_skeleton_conversion_adds_no_divergent_work_before_collectives(
+    skeleton: Skeleton,
+) -> None:
     _show(skeleton)
     output = accepted_output(skeleton.source)
     if output is not None:
-        check_no_new_deadlock(skeleton.source, output)
+        check_no_new_deadlock(skeleton.source, output, ("MN302",))
 
 
 @_skeleton_test(0.5)
@@ -935,8 +959,10 @@ def convert_in_subprocesses(
 
 def test_output_is_the_same_bytes_across_processes(tmp_path: Path) -> None:
     """Hash seed and allocator must not change a single byte (DESIGN.md section 0)."""
-    sources = sample_skeleton_sources(25, draw_seed=7)
-    assert len(sources) >= 20
+    # 16 scripts (about 110 lines each): three interpreters converting them cost ~20 s of the
+    # one-minute CI budget on two cores; scripts/hypothesis_long.py has no such limit
+    sources = sample_skeleton_sources(16, draw_seed=7)
+    assert len(sources) >= 12
     results = convert_in_subprocesses(sources, tmp_path, CROSS_PROCESS_ENVS)
     # Compared among fresh interpreters started together (this process may have imported an
     # older converter than the one on disk); in-process repeats are another test's business.
