@@ -29,8 +29,10 @@ from mnify.runtime import debug, kernels, rank_state, timeline
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators import shared_memory
 from mnify.runtime.communicators.buckets import PlanCache
+from mnify.runtime.communicators.parameters import grads_to_reduce, named_params
 from mnify.runtime.communicators.shared_memory import SharedMemoryReducer
 from mnify.runtime.communicators.topology import Topology
+from mnify.runtime.communicators.wire import as_bytes, from_bytes, header_of, offsets
 from mnify.runtime.debug import CallSignature
 from mnify.runtime.errors import CollectiveMismatch
 from mnify.runtime.watchdog import Watchdog, timeout_from_env
@@ -48,50 +50,6 @@ OWN_BUCKET_BYTES = 64 << 10
 
 _ARRAY = "array"
 _OBJECT = "object"
-
-
-def _offsets(counts: Sequence[int]) -> list[int]:
-    out, total = [], 0
-    for c in counts:
-        out.append(total)
-        total += c
-    return out
-
-
-def _as_bytes(x: np.ndarray) -> np.ndarray:
-    """The raw bytes of ``x`` as a 1-D uint8 array (a view when ``x`` is contiguous)."""
-    return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-
-
-def _header(x: np.ndarray) -> tuple[str, tuple[int, ...]]:
-    return (x.dtype.str, tuple(int(d) for d in x.shape))
-
-
-def _from_bytes(raw: np.ndarray, header: tuple[str, tuple[int, ...]]) -> np.ndarray:
-    dtype, shape = header
-    return raw.view(np.dtype(dtype)).reshape(shape)
-
-
-def _params(model: Any) -> list[tuple[str, Any]]:
-    """``model.namedparams()`` sorted by name, so every rank walks them in the same order."""
-    return sorted(model.namedparams(), key=lambda item: item[0])
-
-
-def grads_to_reduce(model: Any, zero_fill: bool) -> tuple[list[str], list[Any]]:
-    """The names and ``.grad`` arrays of ``model`` that a mean-grad reduces, in rank-agreed order.
-
-    ``zero_fill``: a parameter with data but no grad gets a zero grad (so every rank reduces the
-    same arrays); otherwise it is skipped.
-    """
-    names, grads = [], []
-    for name, param in _params(model):
-        if param.grad is None:
-            if not zero_fill or getattr(param, "data", None) is None:
-                continue
-            param.grad = arr.zeros_like(param.data)
-        names.append(name)
-        grads.append(param.grad)
-    return names, grads
 
 
 class CommunicatorBase:
@@ -231,7 +189,7 @@ class CommunicatorBase:
         sizes = np.empty(self.size, dtype=np.int64)
         self._mpi(self.mpi_comm, "Allgather", np.array([mine.size], dtype=np.int64), sizes)
         counts = [int(c) for c in sizes]
-        displs = _offsets(counts)
+        displs = offsets(counts)
         raw = np.empty(sum(counts), dtype=np.uint8)
         self._mpi(self.mpi_comm, "Allgatherv", [mine, MPI.BYTE], [raw, (counts, displs), MPI.BYTE])
         return raw, counts, displs
@@ -245,7 +203,7 @@ class CommunicatorBase:
             self._mpi(self.mpi_comm, "Gatherv", [mine, MPI.BYTE], None, root=root)
             return None
         counts = [int(c) for c in sizes]
-        displs = _offsets(counts)
+        displs = offsets(counts)
         raw = np.empty(sum(counts), dtype=np.uint8)
         self._mpi(
             self.mpi_comm, "Gatherv", [mine, MPI.BYTE], [raw, (counts, displs), MPI.BYTE], root=root
@@ -271,7 +229,7 @@ class CommunicatorBase:
             counts = [int(p.size) for p in parts]
             self._mpi(self.mpi_comm, "Scatter", np.array(counts, dtype=np.int64), size, root=root)
             send = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint8)
-            spec: Any = [send, (counts, _offsets(counts)), MPI.BYTE]
+            spec: Any = [send, (counts, offsets(counts)), MPI.BYTE]
         else:
             self._mpi(self.mpi_comm, "Scatter", None, size, root=root)
             spec = None
@@ -284,13 +242,13 @@ class CommunicatorBase:
         sizes = np.empty(self.size, dtype=np.int64)
         self._mpi(self.mpi_comm, "Alltoall", np.array(send_counts, dtype=np.int64), sizes)
         recv_counts = [int(c) for c in sizes]
-        recv_displs = _offsets(recv_counts)
+        recv_displs = offsets(recv_counts)
         send = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint8)
         raw = np.empty(sum(recv_counts), dtype=np.uint8)
         self._mpi(
             self.mpi_comm,
             "Alltoallv",
-            [send, (send_counts, _offsets(send_counts)), MPI.BYTE],
+            [send, (send_counts, offsets(send_counts)), MPI.BYTE],
             [raw, (recv_counts, recv_displs), MPI.BYTE],
         )
         return raw, recv_counts, recv_displs
@@ -405,16 +363,16 @@ class CommunicatorBase:
         self._enter(CallSignature("bcast", root=root))
         host = arr.to_host(x) if self.rank == root else None
         header = pickle.loads(
-            self._bcast_bytes(pickle.dumps(_header(host)) if host is not None else None, root)
+            self._bcast_bytes(pickle.dumps(header_of(host)) if host is not None else None, root)
         )
         dtype, shape = header
         if host is not None:
-            raw = _as_bytes(host).copy()
+            raw = as_bytes(host).copy()
         else:
             raw = np.empty(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, np.uint8)
         for piece in self._chunks(raw):
             self._mpi(self.mpi_comm, "Bcast", [piece, MPI.BYTE], root=root)
-        out = _from_bytes(raw, header)
+        out = from_bytes(raw, header)
         return arr.like(out, x) if x is not None else out
 
     def bcast_data(self, model: Any, root: int = 0) -> None:
@@ -423,7 +381,9 @@ class CommunicatorBase:
         Parameters whose data is None (not yet initialised) are skipped; ranks must agree on
         which those are.
         """
-        named = [(n, p.data) for n, p in _params(model) if getattr(p, "data", None) is not None]
+        named = [
+            (n, p.data) for n, p in named_params(model) if getattr(p, "data", None) is not None
+        ]
         arrays = [d for _, d in named]
         self._enter(CallSignature.of("bcast_data", arrays, root=root, names=[n for n, _ in named]))
         if not arrays:
@@ -458,14 +418,14 @@ class CommunicatorBase:
         """Every rank's ``x`` as a list on root (None elsewhere); shapes may differ."""
         host = arr.to_host(x)
         self._enter(CallSignature.of("gather", [host], root=root))
-        headers = self._gather_raw(np.frombuffer(pickle.dumps(_header(host)), np.uint8), root)
-        gathered = self._gather_raw(_as_bytes(host), root)
+        headers = self._gather_raw(np.frombuffer(pickle.dumps(header_of(host)), np.uint8), root)
+        gathered = self._gather_raw(as_bytes(host), root)
         if headers is None or gathered is None:
             return None
         hraw, hcounts, hdispls = headers
         raw, counts, displs = gathered
         return [
-            arr.like(_from_bytes(raw[d : d + n], pickle.loads(hraw[hd : hd + hn].tobytes())), x)
+            arr.like(from_bytes(raw[d : d + n], pickle.loads(hraw[hd : hd + hn].tobytes())), x)
             for d, n, hd, hn in zip(displs, counts, hdispls, hcounts, strict=True)
         ]
 
@@ -473,10 +433,10 @@ class CommunicatorBase:
         """Every rank's ``x`` as a list on every rank; shapes may differ."""
         host = arr.to_host(x)
         self._enter(CallSignature.of("allgather", [host]))
-        headers = [pickle.loads(b) for b in self._allgather_bytes(pickle.dumps(_header(host)))]
-        raw, counts, displs = self._allgather_raw(_as_bytes(host))
+        headers = [pickle.loads(b) for b in self._allgather_bytes(pickle.dumps(header_of(host)))]
+        raw, counts, displs = self._allgather_raw(as_bytes(host))
         return [
-            arr.like(_from_bytes(raw[d : d + n], h), x)
+            arr.like(from_bytes(raw[d : d + n], h), x)
             for d, n, h in zip(displs, counts, headers, strict=True)
         ]
 
@@ -486,11 +446,11 @@ class CommunicatorBase:
             raise ValueError(f"alltoall needs {self.size} arrays (one per rank), got {len(xs)}")
         hosts = [arr.to_host(x) for x in xs]
         self._enter(CallSignature.of("alltoall", hosts[:1]))
-        hparts = [np.frombuffer(pickle.dumps(_header(h)), np.uint8) for h in hosts]
+        hparts = [np.frombuffer(pickle.dumps(header_of(h)), np.uint8) for h in hosts]
         hraw, hcounts, hdispls = self._alltoall_raw(hparts)
-        raw, counts, displs = self._alltoall_raw([_as_bytes(h) for h in hosts])
+        raw, counts, displs = self._alltoall_raw([as_bytes(h) for h in hosts])
         return [
-            arr.like(_from_bytes(raw[d : d + n], pickle.loads(hraw[hd : hd + hn].tobytes())), xs[0])
+            arr.like(from_bytes(raw[d : d + n], pickle.loads(hraw[hd : hd + hn].tobytes())), xs[0])
             for d, n, hd, hn in zip(displs, counts, hdispls, hcounts, strict=True)
         ]
 
@@ -504,13 +464,13 @@ class CommunicatorBase:
             hosts = [arr.to_host(x) for x in xs]
         self._enter(CallSignature("scatter", root=root))
         hparts = (
-            [np.frombuffer(pickle.dumps(_header(h)), np.uint8) for h in hosts]
+            [np.frombuffer(pickle.dumps(header_of(h)), np.uint8) for h in hosts]
             if hosts is not None
             else None
         )
         header = pickle.loads(self._scatter_raw(hparts, root).tobytes())
-        raw = self._scatter_raw([_as_bytes(h) for h in hosts] if hosts is not None else None, root)
-        out = _from_bytes(raw, header)
+        raw = self._scatter_raw([as_bytes(h) for h in hosts] if hosts is not None else None, root)
+        out = from_bytes(raw, header)
         return arr.like(out, xs[0]) if xs is not None and self.rank == root else out
 
     # -- point to point -----------------------------------------------------------------------------
@@ -561,13 +521,13 @@ class CommunicatorBase:
     def send(self, x: Any, dest: int, tag: int = 0) -> None:
         host = arr.to_host(x)
         self._enter_p2p("send", dest)
-        self._send_message(_ARRAY, _header(host), _as_bytes(host), dest, tag)
+        self._send_message(_ARRAY, header_of(host), as_bytes(host), dest, tag)
 
     def recv(self, source: int, tag: int = 0) -> np.ndarray:
         """The array rank ``source`` sent with ``tag`` (as numpy; callers move it to a device)."""
         self._enter_p2p("recv", source)
         header, data = self._recv_message(_ARRAY, source, tag)
-        return _from_bytes(data, header)
+        return from_bytes(data, header)
 
     def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
         payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)

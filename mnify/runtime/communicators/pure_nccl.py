@@ -43,8 +43,9 @@ from mpi4py import MPI
 
 from mnify.runtime import kernels
 from mnify.runtime.communicators import _arrays as arr
-from mnify.runtime.communicators.base import CommunicatorBase, _params, grads_to_reduce
+from mnify.runtime.communicators.base import CommunicatorBase
 from mnify.runtime.communicators.buckets import place_scale, reduced_in_place
+from mnify.runtime.communicators.parameters import grads_to_reduce, named_params
 from mnify.runtime.debug import CallSignature
 from mnify.runtime.errors import CollectiveTimeout
 
@@ -462,7 +463,9 @@ class PureNcclCommunicator(CommunicatorBase):
 
     def bcast_data(self, model: Any, root: int = 0) -> None:
         """Root's parameter arrays into every rank in place (one NCCL group for CuPy params)."""
-        named = [(n, p.data) for n, p in _params(model) if getattr(p, "data", None) is not None]
+        named = [
+            (n, p.data) for n, p in named_params(model) if getattr(p, "data", None) is not None
+        ]
         arrays = [d for _, d in named]
         if not self._on_device(arrays):
             super().bcast_data(model, root)
