@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,9 +37,12 @@ from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
 from tests.convert.skeletons import Skeleton, skeletons  # noqa: E402
 from tests.convert.test_properties import (  # noqa: E402
+    CROSS_PROCESS_ENVS,
     PropertyFailure,
     check_arbitrary_program,
     check_skeleton,
+    convert_in_subprocesses,
+    skeleton_checks,
 )
 
 
@@ -48,8 +52,14 @@ def _mask_quoted(match: re.Match[str]) -> str:
 
 
 def signature(prop: str, detail: str) -> str:
-    """The failure with what varies between examples masked (lines, quoted code, names)."""
-    text = re.sub(r"`[^`]*`", "`…`", detail)
+    """The failure with what varies between examples masked (lines, quoted code, names). Of a
+    diff in the message only the changed lines count, not the context around them."""
+    first, *rest = detail.splitlines() or [""]
+    changed = [
+        line.strip() for line in rest if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    text = " | ".join([first, *changed])
+    text = re.sub(r"`[^`]*`", "`…`", text)
     text = re.sub(r"'([^']*)'", _mask_quoted, text)
     text = re.sub(r"\b\d+\b", "N", text)
     text = re.sub(r"(\('MN\d+', '…'\))(, \1)+", r"\1", text)  # how often does not matter
@@ -65,8 +75,9 @@ class Failure:
     reduced: str | None = None  # after reduce_source
 
 
-def failure_signature(source: str, arbitrary: bool) -> str | None:
-    """The signature ``source`` fails with under the properties, or None when it passes."""
+def failure_signature(source: str, arbitrary: bool, only: str | None = None) -> str | None:
+    """The signature ``source`` fails with under the properties (or ``converts`` and
+    ``only``), or None when it passes."""
     try:
         if arbitrary:
             try:
@@ -74,7 +85,7 @@ def failure_signature(source: str, arbitrary: bool) -> str | None:
             except Exception as exc:
                 raise PropertyFailure("arbitrary-program", f"{type(exc).__name__}: {exc}") from exc
         else:
-            check_skeleton(source)
+            check_skeleton(source, only)
     except PropertyFailure as failure:
         return signature(failure.prop, failure.detail)
     return None
@@ -90,6 +101,7 @@ class Run:
     target: str | None = None  # the new signature this chunk is shrinking
     pending: set[str] = field(default_factory=set)  # new signatures seen while shrinking another
     last: Failure | None = None
+    drawn: list[str] = field(default_factory=list)  # this chunk's scripts
 
     def judge(self, prop: str, detail: str, source: str) -> None:
         """Raise for the signature this chunk hunts; count everything else and pass."""
@@ -140,12 +152,13 @@ def run_chunk(
         @given(skeletons())
         def test(skeleton: Skeleton) -> None:
             run.tried += 1
+            run.drawn.append(skeleton.source)
             try:
                 check_skeleton(skeleton.source)
             except PropertyFailure as failure:
                 run.judge(failure.prop, failure.detail, skeleton.source)
 
-    run.target, run.last = None, None
+    run.target, run.last, run.drawn = None, None, []
     try:
         test()
     except PropertyFailure:
@@ -233,6 +246,27 @@ def reduce_source(source: str, still_fails: Callable[[str], bool], budget: int =
     return current
 
 
+def cross_process_check(run: Run, count: int) -> None:
+    """Convert ``count`` of this chunk's scripts under each hash seed and allocator in fresh
+    interpreters; a script whose bytes differ is filed (as the scripts themselves)."""
+    sample = list(dict.fromkeys(run.drawn))[:count]
+    if not sample:
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        results = convert_in_subprocesses(sample, Path(folder), CROSS_PROCESS_ENVS)
+    baseline = results.pop("hashseed-0")
+    for label, outputs in results.items():
+        for source, got, want in zip(sample, outputs, baseline, strict=True):
+            if got == want:
+                continue
+            sig = f"cross-process: {label} differs from hashseed-0"
+            if sig in run.filed:
+                run.filed[sig].hits += 1
+                run.hits += 1
+            else:
+                run.filed[sig] = Failure("cross-process", sig, source)
+
+
 def write_failures(run: Run, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     summary = []
@@ -261,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         help="share of chunks drawing hypothesmith programs instead of Chainer skeletons",
     )
     parser.add_argument("--failures", type=Path, default=Path("hypothesis-failures"))
+    parser.add_argument(
+        "--cross-process",
+        type=int,
+        default=10,
+        metavar="N",
+        help="after each chunk convert N of its scripts under other hash seeds and malloc",
+    )
     parser.add_argument("--no-shrink", action="store_true", help="file failures as drawn")
     parser.add_argument(
         "--no-reduce", action="store_true", help="skip statement-level reduction of failures"
@@ -271,16 +312,22 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="only reduce FILE (a failing script) to a minimal one, print it and exit",
     )
+    parser.add_argument(
+        "--property",
+        choices=sorted(skeleton_checks("")),
+        help="with --reduce: reduce the failure of this property (default: the first failing)",
+    )
     options = parser.parse_args(argv)
 
     if options.reduce is not None:
         text = options.reduce.read_text(encoding="utf-8")
-        target = failure_signature(text, arbitrary=False)
+        only = options.property
+        target = failure_signature(text, False, only)
         if target is None:
-            print(f"{options.reduce} passes every property")
+            print(f"{options.reduce} passes {only or 'every property'}")
             return 0
         print(f"# {target}")
-        print(reduce_source(text, lambda t: failure_signature(t, False) == target), end="")
+        print(reduce_source(text, lambda t: failure_signature(t, False, only) == target), end="")
         return 1
 
     run = Run()
@@ -294,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         run_chunk(
             run, size, options.seed + chunk, arbitrary, not options.no_shrink, not options.no_reduce
         )
+        if not arbitrary and options.cross_process > 0:
+            cross_process_check(run, options.cross_process)
         chunk += 1
         write_failures(run, options.failures)
         new = len(run.filed) - before

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import difflib
 import json
 import os
 import subprocess
@@ -22,7 +23,7 @@ import symtable
 import sys
 import textwrap
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import hypothesmith
@@ -30,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 
 from mnify.lint import lint_source
-from mnify.rewrites import FileResult, convert_source
+from mnify.rewrites import ConvertOptions, FileResult, convert_source
 from tests.convert.skeletons import Skeleton, skeletons
 
 REPO = Path(__file__).resolve().parents[2]
@@ -521,10 +522,21 @@ def check_no_new_deadlock(
 # --------------------------------------------------------- idempotence and determinism
 
 
-def check_idempotent(output: str) -> None:
-    again = convert_source(output, PATH)
+# Converting output again must change nothing because the rewrites are idempotent, not because
+# the driver leaves already-distributed files alone (the default): that shortcut is switched off
+# for output the converter wrote. Input it left alone is checked with the default options.
+REWRITES_ONLY = ConvertOptions(leave_distributed=False)
+
+
+def check_idempotent(source: str, output: str) -> None:
+    options = REWRITES_ONLY if output != source else None
+    again = convert_source(output, PATH, options)
     assert again.error is None, f"converting the output failed: {again.error}"
-    assert again.output == output, "converting the output changed it again"
+    if again.output != output:
+        diff = difflib.unified_diff(
+            output.splitlines(keepends=True), (again.output or "").splitlines(keepends=True), n=1
+        )
+        raise AssertionError("converting the output changed it again:\n" + "".join(diff))
 
 
 def check_deterministic(source: str, output: str) -> None:
@@ -558,24 +570,31 @@ class PropertyFailure(AssertionError):
         self.detail = detail
 
 
-def check_skeleton(source: str) -> None:
-    """Every skeleton property in turn; raises :class:`PropertyFailure` at the first failure."""
-    steps = [
-        ("converts", lambda out: None),
-        ("structure", lambda out: check_structure(source, out)),
-        ("scatter-order", check_scatter_after_assignment),
-        ("comm-bound", check_comm_bound),
-        ("no-new-undefined-name", lambda out: check_no_new_undefined_name(source, out)),
-        ("no-nested-guard", lambda out: check_no_nested_guard(source, out)),
-        ("no-new-deadlock", lambda out: check_no_new_deadlock(source, out)),
-        ("idempotent", check_idempotent),
-        ("deterministic", lambda out: check_deterministic(source, out)),
-    ]
+def skeleton_checks(source: str) -> dict[str, Callable[[str], None]]:
+    """The skeleton properties by name, each a check of the output (``converts`` made it)."""
+    return {
+        "converts": lambda out: None,
+        "structure": lambda out: check_structure(source, out),
+        "scatter-order": check_scatter_after_assignment,
+        "comm-bound": check_comm_bound,
+        "no-new-undefined-name": lambda out: check_no_new_undefined_name(source, out),
+        "no-nested-guard": lambda out: check_no_nested_guard(source, out),
+        "no-new-deadlock": lambda out: check_no_new_deadlock(source, out),
+        "idempotent": lambda out: check_idempotent(source, out),
+        "deterministic": lambda out: check_deterministic(source, out),
+    }
+
+
+def check_skeleton(source: str, only: str | None = None) -> None:
+    """Every skeleton property in turn (or ``converts`` and ``only``); raises
+    :class:`PropertyFailure` at the first failure."""
     try:
         output = check_converts(source)
     except Exception as exc:
         raise PropertyFailure("converts", f"{type(exc).__name__}: {exc}") from exc
-    for prop, check in steps[1:]:
+    for prop, check in skeleton_checks(source).items():
+        if only is not None and prop != only:
+            continue
         try:
             check(output)
         except Exception as exc:
@@ -702,12 +721,17 @@ def test_skeleton_conversion_adds_no_divergent_work_before_collectives(
         check_no_new_deadlock(skeleton.source, output, ("MN302",))
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="converter: a second conversion rescatters scatter_index shards and guards calls "
+    "before comm exists (test_converter_bug_found_by_the_search[second-pass-*])",
+)
 @_skeleton_test(0.5)
 def test_skeleton_conversion_is_idempotent(skeleton: Skeleton) -> None:
     _show(skeleton)
     output = accepted_output(skeleton.source)
     if output is not None:
-        check_idempotent(output)
+        check_idempotent(skeleton.source, output)
 
 
 @_skeleton_test(0.5)
@@ -734,7 +758,8 @@ def check_arbitrary_program(source: str) -> None:
     if result.output is None:
         return
     compile(result.output, PATH, "exec", dont_inherit=True)
-    again = convert_source(result.output, PATH)
+    options = REWRITES_ONLY if result.output != source else None
+    again = convert_source(result.output, PATH, options)
     assert again.output == result.output, "converting the output changed it again"
 
 
@@ -849,6 +874,53 @@ CONVERTER_BUGS = [
         optimizer = chainer.optimizers.Adam()
         optimizer.setup(model)
         """,
+    ),
+    _found(
+        "second-pass-guards-call-before-comm",
+        "not idempotent: converting the output again (leave_distributed=False) wraps the "
+        "banner() call at the top of main() in `if comm.rank == 0:`, 9 lines above "
+        "`comm = mn.create_communicator(...)` (a NameError as well); the first pass left it "
+        "alone. Needs the forkserver preamble (MultiprocessIterator); SerialIterator passes",
+        """\
+        import argparse
+
+        import chainer
+
+
+        def banner():
+            print('Chainer', chainer.__version__)
+
+
+        def main():
+            banner()
+            parser = argparse.ArgumentParser()
+            parser.add_argument('--batchsize', type=int, default=100)
+            args = parser.parse_args()
+            model = chainer.links.Classifier(chainer.links.Linear(None, 10))
+            optimizer = chainer.optimizers.Adam()
+            optimizer.setup(model)
+            train, test = chainer.datasets.get_mnist()
+            train_iter = chainer.iterators.MultiprocessIterator(train, args.batchsize)
+
+
+        if __name__ == '__main__':
+            main()
+        """,
+    ),
+    _found(
+        "second-pass-scatters-a-scatter-index-shard-again",
+        "not idempotent: a transformed training set is sharded with "
+        "`train = chainer.datasets.SubDataset(train, *mn.scatter_index(len(train), comm))`; "
+        "converting the output again (leave_distributed=False) does not see that as scattered "
+        "and adds `train = mn.scatter_dataset(train, comm, shuffle=True)` (each rank would "
+        "train on 1/N**2 of the data)",
+        _MAIN
+        + """\
+        train, test = chainer.datasets.get_mnist()
+        train = chainer.datasets.TransformDataset(train, lambda e: e)
+        train_iter = chainer.iterators.SerialIterator(train, 32)
+        test_iter = chainer.iterators.SerialIterator(test, 32, repeat=False)
+""",
     ),
     _found(
         "save-ends-loop-body",
