@@ -219,7 +219,9 @@ class DivergentWorkBeforeTimedCollective(Rule):
     nested in another call's arguments) other than cheap bookkeeping (builtins such as
     ``print``/``len``, ``extend``/``append``/``format``/``write``/``flush``/logging methods,
     extension constructors, ``create_empty_dataset``, ``chainer.links`` constructors and classes
-    defined in the file, ``os.path``/``os.makedirs``), and contains
+    defined in the file, ``os.path``/``os.makedirs``, and writing a file: ``open``, ``np.save``,
+    ``json``/``pickle`` dumps, ``savefig`` and the serializers — what rank 0 alone does as a
+    matter of course), and contains
     no collective itself (those are MN301's business). ``rank >= 0``/``rank < 0`` tests are the
     same on every rank and never count."""
 
@@ -350,6 +352,8 @@ class DivergentWorkBeforeTimedCollective(Rule):
                 or name in N.EMPTY_DATASET_FACTORIES
                 or N.is_link_name(name)
                 or name.startswith(("logging.", "os.path.", "os.makedirs"))
+                or N.is_file_writer(name)
+                or name in N.OPEN_FUNCTIONS
             ):
                 return False
         func = call.func
