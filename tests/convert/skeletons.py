@@ -90,6 +90,7 @@ class Scope:
     model: bool = False  # the model and the optimizer exist
     evaluator: bool = False  # an Evaluator object exists (custom loops)
     eval_helper: bool = False  # the user's evaluate(model, it) helper exists
+    report_helper: bool = False  # report(evaluator, epoch): evaluates, then prints
     distributed: bool = False  # the script already creates a communicator
     loop_vars: tuple[str, ...] = field(default=())  # variables of enclosing user for-loops
 
@@ -248,6 +249,8 @@ def evaluations(draw: st.DrawFn, scope: Scope) -> list[Stmt]:
         options += [f"result = {n.evaluator}()", f"{n.evaluator}.evaluate()"]
     if scope.eval_helper:
         options.append(f"evaluate({n.model}, {n.test_iter})")
+    if scope.report_helper and scope.evaluator:
+        options.append(f"report({n.evaluator}, {n.train_iter}.epoch)")
     return [Line(draw(st.sampled_from(options)))]
 
 
@@ -602,7 +605,10 @@ def custom_loops(draw: st.DrawFn, scope: Scope, device: str) -> tuple[list[Stmt]
         if scope.distributed:
             evaluator = f"{n.mn}.create_multi_node_evaluator({evaluator}, {n.comm})"
         stmts.append(Line(f"{n.evaluator} = {evaluator}"))
-    inner = replace(scope, loop=True, evaluator=has_evaluator)
+    report_helper = has_evaluator and draw(st.booleans())
+    if report_helper:
+        helpers.append(_REPORT_HELPER)
+    inner = replace(scope, loop=True, evaluator=has_evaluator, report_helper=report_helper)
     body: list[Stmt] = [
         Line(f"batch = {n.train_iter}.next()"),
         Line(f"x, t = chainer.dataset.concat_examples(batch, {device})"),
@@ -649,6 +655,11 @@ _BANNER = Block(
         Line("print('Chainer version:', chainer.__version__)"),
         Block("if chainer.backends.cuda.available", (Line("print('CUDA is available')"),)),
     ),
+)
+
+_REPORT_HELPER = Block(
+    "def report(evaluator, epoch)",
+    (Line("result = evaluator()"), Line("print('epoch', epoch, result)")),
 )
 
 _EVALUATE_HELPER = Block(

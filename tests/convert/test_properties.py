@@ -372,10 +372,14 @@ def _locals(func: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     return found
 
 
+Func = ast.FunctionDef | ast.AsyncFunctionDef
+
+
 def check_comm_bound(output: str) -> None:
     """Every use of the communicator happens where it exists: a function's own ``comm`` after
-    its assignment (or as a parameter); a module-level ``comm`` before any call that reaches a
-    function reading it as a global (no NameError, no use before creation)."""
+    its assignment (or as a parameter), also when a closure defined in it reads it; a
+    module-level ``comm`` before any call that reaches a function reading it as a global (no
+    NameError, no use before creation)."""
     tree = ast.parse(output)
     comms = {
         t.id
@@ -388,39 +392,85 @@ def check_comm_bound(output: str) -> None:
     }
     if not comms:
         return
+    parent: dict[int, Func | None] = {}  # function -> the function it is defined in
+
+    def index(body: list[ast.stmt], owner: Func | None) -> None:
+        for stmt, _ in walk_statements(body, into_defs=False):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                parent[id(stmt)] = owner
+                index(stmt.body, stmt)
+            elif isinstance(stmt, ast.ClassDef):
+                index(stmt.body, owner)
+
+    index(tree.body, None)
     functions = [
         f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
     ]
     local = {id(f): _locals(f) for f in functions}
-    # functions that read a communicator as a module global, directly or through calls
-    needs: dict[str, set[str]] = {}
+
+    def owner_of(name: str, f: Func | None) -> Func | None:
+        """The function whose local ``name`` is, seen from ``f`` (None: the module)."""
+        while f is not None:
+            if name in local[id(f)]:
+                return f
+            f = parent[id(f)]
+        return None
+
+    def resolve(call: str, f: Func | None) -> Func | None:
+        """The function a plain-name call in ``f`` reaches (nested defs first)."""
+        scope = f
+        while True:
+            for g in functions:
+                if g.name == call and parent[id(g)] is scope:
+                    return g
+            if scope is None:
+                return None
+            scope = parent[id(scope)]
+
+    # needs[f]: (communicator name, function owning it or None for the module) that calling
+    # f reads, for owners other than f itself
+    needs: dict[int, set[tuple[str, int | None]]] = {id(f): set() for f in functions}
     grew = True
     while grew:
         grew = False
         for f in functions:
-            want = set(needs.get(f.name, set()))
+            want = set(needs[id(f)])
             for stmt, _ in walk_statements(f.body, into_defs=False):
                 loads, calls = _uses(stmt)
-                want |= (loads & comms) - local[id(f)]
+                for name in loads & comms:
+                    owner = owner_of(name, f)
+                    if owner is not f:
+                        want.add((name, None if owner is None else id(owner)))
                 for c in calls:
-                    want |= needs.get(c, set())
-            if want != needs.get(f.name, set()):
-                needs[f.name] = want
+                    g = resolve(c, f)
+                    if g is not None:
+                        want |= {n for n in needs[id(g)] if n[1] != id(f)}
+            if want != needs[id(f)]:
+                needs[id(f)] = want
                 grew = True
-    for stmt, chain in walk_statements(tree.body, into_defs=False):
+
+    def wanted(stmt: ast.stmt, f: Func | None) -> set[str]:
+        """Communicators ``stmt`` (in ``f``; None: module level) needs from ``f``'s scope."""
         loads, calls = _uses(stmt)
-        wanted = (loads & comms).union(*(needs.get(c, set()) for c in calls))
-        for name in sorted(wanted):
+        here = None if f is None else id(f)
+        out = {n for n in loads & comms if owner_of(n, f) is f}
+        for c in calls:
+            g = resolve(c, f)
+            if g is not None:
+                out |= {n for n, owner in needs[id(g)] if owner == here}
+        return out
+
+    for stmt, chain in walk_statements(tree.body, into_defs=False):
+        for name in sorted(wanted(stmt, None)):
             assert bound_before(name, chain), (
                 f"output line {stmt.lineno} uses `{name}` (module level) before it exists"
             )
     for f in functions:
-        for name in sorted(comms & local[id(f)]):
-            for stmt, chain in walk_statements(f.body, (([], 0, f),), into_defs=False):
-                if name in _uses(stmt)[0]:
-                    assert bound_before(name, chain), (
-                        f"output line {stmt.lineno} uses `{name}` in {f.name}() before it exists"
-                    )
+        for stmt, chain in walk_statements(f.body, (([], 0, f),), into_defs=False):
+            for name in sorted(wanted(stmt, f)):
+                assert bound_before(name, chain), (
+                    f"output line {stmt.lineno} uses `{name}` in {f.name}() before it exists"
+                )
 
 
 def undefined_globals(text: str) -> set[str]:
@@ -482,6 +532,102 @@ def check_no_nested_guard(source: str, output: str) -> None:
     assert added <= 0, (
         f"rank-0 guards nested in rank-0 guards at output lines {nested_guards(output)}"
     )
+
+
+# ------------------------------------------- no collective behind a rank-0 guard (deep)
+# MN301 sees collectives on names it can resolve; this follows multi-node objects into the
+# user's helper functions through their parameters (``report(evaluator)`` calling
+# ``evaluator()``), which is where a guarded call can still hide a collective.
+
+_MAKES_COLLECTIVE = (
+    "create_multi_node_evaluator",
+    "create_multi_node_optimizer",
+    "create_communicator",
+    "Trainer",
+    "create_multi_node_iterator",
+)
+_COLLECTIVE_METHODS = frozenset(
+    """update evaluate run barrier bcast bcast_obj bcast_data gather gather_obj allgather
+    allreduce allreduce_obj all_reduce alltoall scatter multi_node_mean_grad split""".split()
+)
+
+
+def _collective_values(tree: ast.Module) -> set[str]:
+    """Names assigned a multi-node object anywhere (evaluator, optimizer, comm, trainer)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            if callee(node.value.func).split(".")[-1] in _MAKES_COLLECTIVE:
+                found |= {n for t in node.targets for n in _names(t)}
+    return found
+
+
+def _reaches_collective(
+    nodes: list[ast.AST],
+    values: set[str],
+    functions: dict[str, ast.FunctionDef],
+    seen: set[tuple[str, frozenset[str]]],
+) -> ast.Call | None:
+    """The first call in ``nodes`` that is, or leads through a local function to, a collective
+    (``values``: names holding multi-node objects here)."""
+    todo = list(nodes)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.Lambda, *_DEFS)):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = callee(func).split(".")[-1]
+        if isinstance(func, ast.Name) and func.id in values:
+            return node  # calling a multi-node evaluator
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            if func.value.id in values and func.attr in _COLLECTIVE_METHODS:
+                return node
+        if name in ("scatter_dataset", "scatter_index"):
+            return node
+        target = functions.get(func.id) if isinstance(func, ast.Name) else None
+        if target is None:
+            continue
+        params = [a.arg for a in (*target.args.posonlyargs, *target.args.args)]
+        passed = {
+            params[i]
+            for i, a in enumerate(node.args)
+            if i < len(params) and isinstance(a, ast.Name) and a.id in values
+        }
+        passed |= {
+            k.arg
+            for k in node.keywords
+            if k.arg is not None and isinstance(k.value, ast.Name) and k.value.id in values
+        }
+        inner = (values - _params(target)) | passed
+        key = (target.name, frozenset(inner))
+        if key in seen:
+            continue
+        seen.add(key)
+        if _reaches_collective(list(target.body), inner, functions, seen) is not None:
+            return node
+    return None
+
+
+def check_no_collective_under_guard(source: str, output: str) -> None:
+    """No added ``if comm.rank == 0:`` body reaches a collective, directly or in a helper."""
+    if output == source:
+        return
+    tree = ast.parse(output)
+    values = _collective_values(tree)
+    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    had = sum(isinstance(n, ast.If) and is_rank0_test(n.test) for n in ast.walk(ast.parse(source)))
+    if had:
+        return  # a distributed input: its own guards are MN301's business
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and is_rank0_test(node.test):
+            call = _reaches_collective(list(node.body), values, functions, set())
+            assert call is None, (
+                f"output line {call.lineno}: `{ast.unparse(call)}` reaches a collective but "
+                f"runs only on rank 0 (guard at line {node.lineno})"
+            )
 
 
 # ------------------------------------------------------------------------- deadlock lint
@@ -580,6 +726,7 @@ def skeleton_checks(source: str) -> dict[str, Callable[[str], None]]:
         "no-new-undefined-name": lambda out: check_no_new_undefined_name(source, out),
         "no-nested-guard": lambda out: check_no_nested_guard(source, out),
         "no-new-deadlock": lambda out: check_no_new_deadlock(source, out),
+        "no-guarded-collective": lambda out: check_no_collective_under_guard(source, out),
         "idempotent": lambda out: check_idempotent(source, out),
         "deterministic": lambda out: check_deterministic(source, out),
     }
@@ -704,6 +851,14 @@ def test_skeleton_conversion_adds_no_collective_on_some_ranks(skeleton: Skeleton
     output = accepted_output(skeleton.source)
     if output is not None:
         check_no_new_deadlock(skeleton.source, output, ("MN301",))
+
+
+@_skeleton_test(1.0)
+def test_skeleton_guards_reach_no_collective(skeleton: Skeleton) -> None:
+    _show(skeleton)
+    output = accepted_output(skeleton.source)
+    if output is not None:
+        check_no_collective_under_guard(skeleton.source, output)
 
 
 @pytest.mark.xfail(
@@ -921,6 +1076,80 @@ CONVERTER_BUGS = [
         train_iter = chainer.iterators.SerialIterator(train, 32)
         test_iter = chainer.iterators.SerialIterator(test, 32, repeat=False)
 """,
+    ),
+    _found(
+        "second-pass-guards-a-scatter-index-shard",
+        "converting the output again (leave_distributed=False) fails: 'internal: 26: "
+        "`scatter_dataset` runs only on the ranks that take the rank check at line 24 ... "
+        "(MN301, not in the input)'; same root cause as the previous case (a "
+        "SubDataset(test, *mn.scatter_index(...)) shard of a TransformDataset with a "
+        "functools.partial is not seen as scattered), the second pass plans rank-0 loading "
+        "and a scatter around it",
+        """\
+        import argparse
+        import functools
+
+        import numpy as np
+
+        import chainer
+
+
+        def augment(example, train=True):
+            return example
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            model = chainer.links.Classifier(chainer.links.Linear(None, 2))
+            optimizer = chainer.optimizers.Adam()
+            optimizer.setup(model)
+            x = np.random.rand(100, 3).astype(np.float32)
+            t = np.random.randint(0, 2, size=100).astype(np.int32)
+            base = chainer.datasets.TupleDataset(x, t)
+            test = chainer.datasets.TransformDataset(base, functools.partial(augment, train=False))
+            test_iter = chainer.iterators.SerialIterator(test, 32, repeat=False)
+        """,
+    ),
+    _found(
+        "guarded-helper-calls-evaluator",
+        "DEADLOCK: puts `report(evaluator, train_iter.epoch)` under `if comm.rank == 0:` "
+        "because report() prints, but report() also calls evaluator(), now a multi-node "
+        "evaluator (a collective): rank 0 waits in it forever. Neither the driver's MN301 "
+        "check nor `mnify lint` follows the evaluator into report()'s parameter; error is None",
+        """\
+        import argparse
+
+        import chainer
+        from chainer.training import extensions
+
+
+        def report(evaluator, epoch):
+            result = evaluator()
+            print('epoch', epoch, result)
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument('--batchsize', type=int, default=100)
+            args = parser.parse_args()
+            model = chainer.links.Classifier(chainer.links.Linear(None, 10))
+            optimizer = chainer.optimizers.Adam()
+            optimizer.setup(model)
+            train, test = chainer.datasets.get_mnist()
+            train_iter = chainer.iterators.SerialIterator(train, args.batchsize)
+            test_iter = chainer.iterators.SerialIterator(test, args.batchsize, repeat=False)
+            evaluator = extensions.Evaluator(test_iter, model)
+            while train_iter.epoch < 3:
+                batch = train_iter.next()
+                optimizer.update(model, *chainer.dataset.concat_examples(batch))
+                if train_iter.is_new_epoch:
+                    report(evaluator, train_iter.epoch)
+
+
+        if __name__ == '__main__':
+            main()
+        """,
     ),
     _found(
         "save-ends-loop-body",
