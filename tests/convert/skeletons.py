@@ -7,11 +7,13 @@ loop). What varies is what the converter finds hard: prints, ``save_npz``, ``ope
 writes, extension registrations, dataset loads and (in already-distributed scripts) collectives,
 placed next to the user's own ``if``/``for``/``while``/``try``/``with`` blocks, nested up to
 three deep, as siblings in any order, before, inside and after the training loop, in helper
-functions called from ``main`` and at module level with or without a ``__main__`` guard.
+functions (called before argument parsing, from the loop, after training; one evaluates and
+prints), at module level with or without a ``__main__`` guard; datasets are loaded flat or,
+with their iterators, inside ``if``/``else``, ``try``/``except`` and ``with`` blocks.
 
 Statements are built as a tiny tree (:class:`Line`, :class:`Block`) and rendered with four-space
-indentation, so every generated script is valid Python by construction and every name it uses
-is bound on every path before its use.
+indentation, so every generated script is valid Python by construction; that it reads no
+undefined name is ``test_generated_scripts_are_sensible_programs``'s check.
 """
 
 from __future__ import annotations

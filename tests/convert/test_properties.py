@@ -1,14 +1,24 @@
 """Property-based tests for the converter's safety contract (DESIGN.md section 0).
 
 Generated Chainer scripts (``tests/convert/skeletons.py``) must convert without error into
-output that compiles, keeps every original statement in order under the same enclosing blocks
-(only rank-0 guards, insertions and expression replacements may differ), scatters no dataset
-before it is assigned, adds no MN301/MN302 deadlock finding, converts to itself again, and is
-the same text on every run, in this process and in others (hash seed, allocator). Arbitrary
-programs from hypothesmith must not crash the converter either.
+output that compiles and
+- keeps every original statement in order under the same enclosing blocks (only rank-0 guards,
+  insertions and expression replacements differ; signatures unchanged): ``structure``;
+- scatters no dataset before it is assigned: ``scatter-order``;
+- uses the communicator only where it exists (no NameError, also through helpers and
+  closures) and reads no other name nothing defines: ``comm-bound``, ``no-new-undefined-name``;
+- nests no rank-0 guard in another: ``no-nested-guard``;
+- adds no MN301/MN302 lint finding, and no collective behind an added guard even through a
+  helper's parameters: ``no-new-deadlock``, ``no-guarded-collective``;
+- converts to itself again with the rewrites alone: ``idempotent``;
+- is the same text on every run, in this process and in fresh ones under other hash seeds and
+  the system allocator: ``deterministic`` and the cross-process test.
+Arbitrary programs from hypothesmith must not crash the converter either.
 
-The checks are plain functions (``check_*``) so ``scripts/hypothesis_long.py`` runs the same
-properties with a long budget. CI budget: the ``mnify-ci`` profile in ``conftest.py``.
+The checks are plain functions (``check_skeleton`` runs them by name) so
+``scripts/hypothesis_long.py`` runs the same properties with a long budget. CI budget: the
+``mnify-ci`` profile in ``conftest.py``. Bugs the search found are explicit xfail examples at
+the end (``CONVERTER_BUGS``).
 """
 
 from __future__ import annotations
