@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import re
 import shutil
@@ -34,7 +35,9 @@ sys.path.insert(0, str(REPO))
 
 import hypothesmith  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
+from mnify.rewrites import ConvertOptions  # noqa: E402
 from tests.convert.skeletons import Skeleton, skeletons  # noqa: E402
 from tests.convert.test_properties import (  # noqa: E402
     CROSS_PROCESS_ENVS,
@@ -71,11 +74,37 @@ class Failure:
     prop: str
     detail: str
     source: str  # as hypothesis shrank it
+    options: ConvertOptions = field(default_factory=ConvertOptions)
     hits: int = 1
     reduced: str | None = None  # after reduce_source
 
 
-def failure_signature(source: str, arbitrary: bool, only: str | None = None) -> str | None:
+# The conversion flags each skeleton is converted with (the defaults most often): the
+# properties hold whatever the user asks for.
+OPTION_SETS = (
+    *[ConvertOptions()] * 4,
+    ConvertOptions(target="chainermn"),
+    ConvertOptions(scaling="strong"),
+    ConvertOptions(communicator="pure_nccl"),
+    ConvertOptions(scale_lr="linear"),
+    ConvertOptions(model_parallel="channel"),
+)
+
+
+def describe(options: ConvertOptions) -> str:
+    """The flags that differ from the defaults, as a short label."""
+    default = ConvertOptions()
+    changed = [
+        f"{f.name}={getattr(options, f.name)}"
+        for f in dataclasses.fields(options)
+        if getattr(options, f.name) != getattr(default, f.name)
+    ]
+    return ", ".join(changed) or "defaults"
+
+
+def failure_signature(
+    source: str, arbitrary: bool, only: str | None = None, options: ConvertOptions | None = None
+) -> str | None:
     """The signature ``source`` fails with under the properties (or ``converts`` and
     ``only``), or None when it passes."""
     try:
@@ -85,7 +114,7 @@ def failure_signature(source: str, arbitrary: bool, only: str | None = None) -> 
             except Exception as exc:
                 raise PropertyFailure("arbitrary-program", f"{type(exc).__name__}: {exc}") from exc
         else:
-            check_skeleton(source, only)
+            check_skeleton(source, only, options or ConvertOptions())
     except PropertyFailure as failure:
         return signature(failure.prop, failure.detail)
     return None
@@ -103,7 +132,9 @@ class Run:
     last: Failure | None = None
     drawn: list[str] = field(default_factory=list)  # this chunk's scripts
 
-    def judge(self, prop: str, detail: str, source: str) -> None:
+    def judge(
+        self, prop: str, detail: str, source: str, options: ConvertOptions | None = None
+    ) -> None:
         """Raise for the signature this chunk hunts; count everything else and pass."""
         sig = signature(prop, detail)
         if sig in self.filed:
@@ -115,7 +146,7 @@ class Run:
         if sig != self.target:
             self.pending.add(sig)
             return
-        self.last = Failure(prop, detail, source)
+        self.last = Failure(prop, detail, source, options or ConvertOptions())
         raise PropertyFailure(prop, detail)
 
 
@@ -149,14 +180,14 @@ def run_chunk(
 
         @seed(chunk_seed)
         @config
-        @given(skeletons())
-        def test(skeleton: Skeleton) -> None:
+        @given(skeletons(), st.sampled_from(OPTION_SETS))
+        def test(skeleton: Skeleton, options: ConvertOptions) -> None:
             run.tried += 1
             run.drawn.append(skeleton.source)
             try:
-                check_skeleton(skeleton.source)
+                check_skeleton(skeleton.source, options=options)
             except PropertyFailure as failure:
-                run.judge(failure.prop, failure.detail, skeleton.source)
+                run.judge(failure.prop, failure.detail, skeleton.source, options)
 
     run.target, run.last, run.drawn = None, None, []
     try:
@@ -167,8 +198,10 @@ def run_chunk(
         run.filed[run.target] = run.last
         if reduce:
             target = run.target
+            options = run.last.options
             run.last.reduced = reduce_source(
-                run.last.source, lambda text: failure_signature(text, arbitrary) == target
+                run.last.source,
+                lambda text: failure_signature(text, arbitrary, None, options) == target,
             )
 
 
@@ -276,10 +309,18 @@ def write_failures(run: Run, folder: Path) -> None:
         if failure.reduced is not None:
             (folder / f"{stem}.drawn.py").write_text(failure.source, encoding="utf-8")
         (folder / f"{stem}.txt").write_text(
-            f"property: {failure.prop}\nsignature: {sig}\nhits: {failure.hits}\n\n{failure.detail}\n",
+            f"property: {failure.prop}\nsignature: {sig}\nhits: {failure.hits}\n"
+            f"options: {describe(failure.options)}\n\n{failure.detail}\n",
             encoding="utf-8",
         )
-        summary.append({"file": f"{stem}.py", "signature": sig, "hits": failure.hits})
+        summary.append(
+            {
+                "file": f"{stem}.py",
+                "signature": sig,
+                "hits": failure.hits,
+                "options": describe(failure.options),
+            }
+        )
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 

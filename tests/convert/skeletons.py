@@ -442,7 +442,8 @@ def dataset_loads(draw: st.DrawFn, scope: Scope) -> tuple[list[Stmt], list[Stmt]
         )
     )
     helpers: list[Stmt] = []
-    kind = draw(st.integers(0, 6))
+    kind = draw(st.integers(0, 8))
+    after = replace(scope, data=True)
     if kind == 0:
         stmts: list[Stmt] = [Line(f"{pair} = {getter}")]
     elif kind == 1:  # the user's loader
@@ -503,12 +504,23 @@ def dataset_loads(draw: st.DrawFn, scope: Scope) -> tuple[list[Stmt], list[Stmt]
             Line(f"{n.train} = chainer.datasets.TupleDataset(x[:80], y[:80])"),
             Line(f"{n.test} = chainer.datasets.TupleDataset(x[80:], y[80:])"),
         ]
-    else:  # loaded, then transformed
+    elif kind == 6:  # loaded, then transformed
         stmts = [
             Line(f"{pair} = {getter}"),
             Line(f"{n.train} = chainer.datasets.TransformDataset({n.train}, lambda e: e)"),
         ]
-    after = replace(scope, data=True)
+    elif kind == 7:  # loaded, user code that reads it, then transformed (a redefinition)
+        stmts = [
+            Line(f"{pair} = {getter}"),
+            *draw(user_blocks(after, 1)),
+            Line(f"{n.train} = chainer.datasets.TransformDataset({n.train}, lambda e: e)"),
+        ]
+    else:  # one set, user code, the other set
+        stmts = [
+            Line(f"{n.train} = {getter}[0]"),
+            *draw(user_blocks(replace(scope, data=False), 1)),
+            Line(f"{n.test} = {getter}[1]"),
+        ]
     where = draw(st.integers(0, 3))
     if where == 1:  # a print about the data right after loading
         stmts.append(draw(prints(after))[0])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import difflib
 import json
 import os
@@ -58,16 +59,17 @@ def budget(weight: float) -> int:
 
 # ----------------------------------------------------------------------------- conversion
 
-_cache: dict[str, FileResult] = {}
+DEFAULT = ConvertOptions()
+_cache: dict[tuple[str, ConvertOptions], FileResult] = {}
 
 
-def converted(source: str) -> FileResult:
+def converted(source: str, options: ConvertOptions = DEFAULT) -> FileResult:
     """``convert_source`` memoised by text: the skeleton tests share one conversion each."""
-    result = _cache.get(source)
+    result = _cache.get((source, options))
     if result is None:
         if len(_cache) > 256:
             _cache.clear()
-        result = _cache[source] = convert_source(source, PATH)
+        result = _cache[(source, options)] = convert_source(source, PATH, options)
     return result
 
 
@@ -79,9 +81,9 @@ def accepted_output(source: str) -> str | None:
     return result.output if result.error is None else None
 
 
-def check_converts(source: str) -> str:
+def check_converts(source: str, options: ConvertOptions = DEFAULT) -> str:
     """No exception, no error, output compiles. Returns the output."""
-    result = converted(source)
+    result = converted(source, options)
     assert result.error is None, f"convert reported an error: {result.error}"
     assert result.output is not None, "convert gave no output and no error"
     compile(result.output, PATH, "exec", dont_inherit=True)
@@ -680,12 +682,13 @@ def check_no_new_deadlock(
 
 # Converting output again must change nothing because the rewrites are idempotent, not because
 # the driver leaves already-distributed files alone (the default): that shortcut is switched off
-# for output the converter wrote. Input it left alone is checked with the default options.
+# for output the converter wrote. Input it left alone is checked with the options as given.
 REWRITES_ONLY = ConvertOptions(leave_distributed=False)
 
 
-def check_idempotent(source: str, output: str) -> None:
-    options = REWRITES_ONLY if output != source else None
+def check_idempotent(source: str, output: str, options: ConvertOptions = DEFAULT) -> None:
+    if output != source:
+        options = dataclasses.replace(options, leave_distributed=False)
     again = convert_source(output, PATH, options)
     assert again.error is None, f"converting the output failed: {again.error}"
     if again.output != output:
@@ -695,8 +698,8 @@ def check_idempotent(source: str, output: str) -> None:
         raise AssertionError("converting the output changed it again:\n" + "".join(diff))
 
 
-def check_deterministic(source: str, output: str) -> None:
-    fresh = convert_source(source, PATH)  # not the cache: a second, independent run
+def check_deterministic(source: str, output: str, options: ConvertOptions = DEFAULT) -> None:
+    fresh = convert_source(source, PATH, options)  # not the cache: a second, independent run
     assert fresh.error is None
     assert fresh.output == output, "a second conversion in the same process gave other text"
 
@@ -726,7 +729,9 @@ class PropertyFailure(AssertionError):
         self.detail = detail
 
 
-def skeleton_checks(source: str) -> dict[str, Callable[[str], None]]:
+def skeleton_checks(
+    source: str, options: ConvertOptions = DEFAULT
+) -> dict[str, Callable[[str], None]]:
     """The skeleton properties by name, each a check of the output (``converts`` made it)."""
     return {
         "converts": lambda out: None,
@@ -737,19 +742,19 @@ def skeleton_checks(source: str) -> dict[str, Callable[[str], None]]:
         "no-nested-guard": lambda out: check_no_nested_guard(source, out),
         "no-new-deadlock": lambda out: check_no_new_deadlock(source, out),
         "no-guarded-collective": lambda out: check_no_collective_under_guard(source, out),
-        "idempotent": lambda out: check_idempotent(source, out),
-        "deterministic": lambda out: check_deterministic(source, out),
+        "idempotent": lambda out: check_idempotent(source, out, options),
+        "deterministic": lambda out: check_deterministic(source, out, options),
     }
 
 
-def check_skeleton(source: str, only: str | None = None) -> None:
-    """Every skeleton property in turn (or ``converts`` and ``only``); raises
-    :class:`PropertyFailure` at the first failure."""
+def check_skeleton(source: str, only: str | None = None, options: ConvertOptions = DEFAULT) -> None:
+    """Every skeleton property in turn (or ``converts`` and ``only``) under ``options``;
+    raises :class:`PropertyFailure` at the first failure."""
     try:
-        output = check_converts(source)
+        output = check_converts(source, options)
     except Exception as exc:
         raise PropertyFailure("converts", f"{type(exc).__name__}: {exc}") from exc
-    for prop, check in skeleton_checks(source).items():
+    for prop, check in skeleton_checks(source, options).items():
         if only is not None and prop != only:
             continue
         try:
@@ -871,11 +876,6 @@ def test_skeleton_guards_reach_no_collective(skeleton: Skeleton) -> None:
         check_no_collective_under_guard(skeleton.source, output)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="converter: rank-0 writes before a collective without comm.barrier() give MN302 "
-    "(test_converter_bug_found_by_the_search[save-ends-loop-body], [save-before-trainer-run])",
-)
 @_skeleton_test(0.6)
 def test_skeleton_conversion_adds_no_divergent_work_before_collectives(
     skeleton: Skeleton,
@@ -936,11 +936,16 @@ def test_arbitrary_programs_do_not_break_the_converter(source: str) -> None:
 
 # ------------------------------------------------------- converter bugs the search found
 # Minimal inputs (reduced with scripts/hypothesis_long.py --reduce, then made readable), each
-# failing a property above because of the converter, not the generator. xfail(strict=False):
-# they pass once the converter is fixed (XPASS); the reason says what the converter did.
+# failing a property above because of the converter, not the generator. Open ones are
+# xfail(strict=False) with what the converter did as the reason; fixed ones stay as plain
+# regression tests.
 
 
-def _found(name: str, reason: str, source: str) -> object:
+def _found(name: str, reason: str, source: str, fixed: str | None = None) -> object:
+    """An example the search found; xfail while open, a plain regression test once ``fixed``
+    says where the converter (or lint) was corrected. ``reason``: what the converter did."""
+    if fixed is not None:
+        return pytest.param(textwrap.dedent(source), id=name)
     return pytest.param(
         textwrap.dedent(source),
         id=name,
@@ -972,7 +977,7 @@ CONVERTER_BUGS = [
         "writer-in-elif",
         "a print alone in an `elif` branch got its rank-0 guard planned on the elif clause, "
         "which the applier cannot wrap; the driver's output check rejected the file "
-        "('internal: 15: `if args.out:` lost its planned rank guard'); passes since 12:00",
+        "('internal: 15: `if args.out:` lost its planned rank guard')",
         _MAIN
         + """\
         if args.out == 'a':
@@ -980,23 +985,24 @@ CONVERTER_BUGS = [
         elif args.out:
             print('out', args.out)
 """,
+        fixed="by the converter while the search ran",
     ),
     _found(
         "write-inside-guarded-with",
         "guarded `with open(..., 'w') as f:` and, again, the json.dump inside it: "
-        "`if comm.rank == 0:` nested in `if comm.rank == 0:`; passes since 11:40",
+        "`if comm.rank == 0:` nested in `if comm.rank == 0:`",
         _MAIN
         + """\
         with open('args.json', 'w') as f:
             json.dump(vars(args), f)
 """,
+        fixed="by the converter while the search ran",
     ),
     _found(
         "helper-print-in-module-script",
         "a print inside a helper of a module-level script (no main) was reported as "
         "'print on rank 0 only' but not guarded; the driver rejected the file ('internal: 6: "
-        "the report says ..., but the output does not show it'); passes in the working tree "
-        "since 11:58",
+        "the report says ..., but the output does not show it')",
         """\
         import argparse
 
@@ -1015,6 +1021,7 @@ CONVERTER_BUGS = [
         optimizer = chainer.optimizers.Adam()
         optimizer.setup(model)
         """,
+        fixed="by the converter while the search ran",
     ),
     _found(
         "guard-uses-comm-before-it-exists",
@@ -1173,6 +1180,7 @@ CONVERTER_BUGS = [
             optimizer.update()
             serializers.save_npz('model.npz', model)
 """,
+        fixed="41b6dc5: lint MN302 no longer counts rank-0 writes as work",
     ),
     _found(
         "save-before-trainer-run",
@@ -1188,6 +1196,7 @@ CONVERTER_BUGS = [
         serializers.save_npz('initial.npz', model)
         trainer.run()
 """,
+        fixed="41b6dc5: lint MN302 no longer counts rank-0 writes as work",
     ),
 ]
 
