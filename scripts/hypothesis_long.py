@@ -2,16 +2,21 @@
 """Run the converter's property tests with a long budget, outside CI.
 
 Same properties as ``tests/convert/test_properties.py`` (``check_skeleton`` on generated Chainer
-scripts, ``check_arbitrary_program`` on hypothesmith programs), many more examples, and failures
-shrunk to minimal examples. The run goes in chunks with different seeds. A failure is filed
-under a signature (property + message with line numbers and quoted code masked); once a
-signature is filed, later examples failing the same way count as hits of a known failure and
-the search goes on for new ones. Every filed failure is written to ``--failures DIR`` as
-``NN-<property>.py`` (the minimal input: hypothesis's shrunk draw, then reduced statement by
-statement), ``NN-<property>.drawn.py`` (the shrunk draw) and ``NN-<property>.txt`` (what
-failed). ``--reduce FILE`` reduces one failing script and prints it.
+scripts, each converted under drawn flags; ``check_arbitrary_program`` on hypothesmith
+programs), many more examples. The run goes in chunks with different seeds; after each
+skeleton chunk some of its scripts are converted in fresh interpreters under other hash seeds
+and ``PYTHONMALLOC=malloc`` and compared byte for byte. A failure is filed under a signature
+(property + message with line numbers and quoted code masked); once a signature is filed, later
+examples failing the same way count as hits of a known failure and the search goes on for new
+ones. Every filed failure is written to ``--failures DIR`` as ``NN-<property>.py`` (the minimal
+input: hypothesis's shrunk draw, unless ``--no-shrink``, then reduced statement by statement),
+``NN-<property>.drawn.py`` (as drawn) and ``NN-<property>.txt`` (what failed, with which
+flags). ``--reduce FILE [--property P]`` reduces one failing script and prints it.
 
-    nice -n 19 timeout 3h .venv/bin/python scripts/hypothesis_long.py --examples 50000
+    nice -n 19 timeout 6h .venv/bin/python scripts/hypothesis_long.py --examples 50000 --no-shrink
+
+(``--no-shrink``: statement-level reduction gives smaller examples than shrinking the draws,
+in a fraction of the time.)
 """
 
 from __future__ import annotations
