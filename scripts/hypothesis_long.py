@@ -25,6 +25,7 @@ import argparse
 import ast
 import dataclasses
 import json
+import keyword
 import re
 import shutil
 import subprocess
@@ -59,12 +60,24 @@ def _mask_quoted(match: re.Match[str]) -> str:
     return match.group(0) if re.fullmatch(r"MN\d{3}", match.group(1)) else "'…'"
 
 
+def _shape(line: str) -> str:
+    """A changed line of a diff without the user's names: its sign, keywords and the last part
+    of dotted names (``+ = scatter_dataset True`` for any dataset and runtime spelling)."""
+    words = []
+    for word in re.findall(r"[A-Za-z_][\w.]*", line):
+        if "." in word:
+            words.append(word.rsplit(".", 1)[1])
+        elif keyword.iskeyword(word):
+            words.append(word)
+    return " ".join([line[0], *(["="] if " = " in line else []), *words])
+
+
 def signature(prop: str, detail: str) -> str:
     """The failure with what varies between examples masked (lines, quoted code, names). Of a
-    diff in the message only the changed lines count, not the context around them."""
+    diff in the message only the shape of the changed lines counts (see ``_shape``)."""
     first, *rest = detail.splitlines() or [""]
     changed = [
-        line.strip() for line in rest if line[:1] in "+-" and not line.startswith(("+++", "---"))
+        _shape(line) for line in rest if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]
     text = " | ".join([first, *changed])
     text = re.sub(r"`[^`]*`", "`…`", text)
