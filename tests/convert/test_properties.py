@@ -1169,6 +1169,30 @@ CONVERTER_BUGS = [
         """,
     ),
     _found(
+        "writing-helper-ends-loop-body",
+        "guards the call of a helper that only appends to a log file, at the end of a "
+        "training-loop body, with `if comm.rank == 0:` and no comm.barrier(): MN302 at the "
+        "next iteration's optimizer.update(). 41b6dc5 taught MN302 that direct writes are "
+        "rank 0's business, but a call of a user function that writes still counts as work",
+        """\
+        import chainer
+
+
+        def log_progress(step):
+            with open('log.txt', 'a') as f:
+                f.write('step {}\\n'.format(step))
+
+
+        def main():
+            model = chainer.links.Classifier(chainer.links.Linear(None, 10))
+            optimizer = chainer.optimizers.Adam()
+            optimizer.setup(model)
+            for step in range(100):
+                optimizer.update()
+                log_progress(step)
+        """,
+    ),
+    _found(
         "save-ends-loop-body",
         "guards a save_npz that ends a training-loop body with `if comm.rank == 0:` and no "
         "comm.barrier(): the output has MN302 at the next iteration's optimizer.update() "
