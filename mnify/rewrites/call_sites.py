@@ -348,7 +348,7 @@ def _guard_call(ctx: FileContext, call: CallFact, target: cst.Call, lift: Lift) 
             "put on rank 0 (its value is used, or it reaches a collective): split the writing out",
         )
         return
-    if ctx.on_rank0_already(stmt) or ctx.plan.is_guarded(stmt):
+    if ctx.on_rank0_already(stmt) or ctx.plan.is_guarded(stmt) or ctx.before_comm_exists(stmt):
         return
     code = "MN401" if target is not call.node or lift.name in ctx.writing_extensions else "MN402"
     if ctx.suppressed(stmt, "rank0-guard", code):

@@ -232,6 +232,23 @@ class FileContext:
         self.claims = [(e, c) for e, c in self.claims if id(e) not in dropped]
         self.entries = [e for e in self.entries if id(e) not in dropped]
 
+    def before_comm_exists(self, stmt: cst.BaseStatement) -> bool:
+        """``stmt`` runs before the script's own ``comm = create_communicator(...)`` in the same
+        function (a guard there would read ``comm`` before it is bound)."""
+        entry = self.entry
+        if entry is None or not entry.exists or entry.creation is None:
+            return False
+        block = self.facts.block_of.get(id(entry.creation))
+        if block is None:
+            return False
+        siblings = list(block.body)
+        current: cst.BaseStatement | None = stmt
+        while current is not None:
+            if any(s is current for s in siblings):
+                return siblings.index(current) < siblings.index(entry.creation)
+            current = self.facts.parent_statement(current)
+        return False
+
     def on_rank0_already(self, stmt: cst.BaseStatement) -> bool:
         """Under ``if comm.rank == 0:`` in the input, or inside a statement already planned to
         be guarded (a guard inside a guard says nothing)."""

@@ -77,9 +77,15 @@ def iterator_calls(ctx: FileContext) -> list[CallFact]:
 
 
 def _already_scattered(ctx: FileContext, name: str) -> bool:
+    """``name = scatter_dataset(name, comm)``, or sliced by ``scatter_index`` (``SubDataset(name,
+    *scatter_index(len(name), comm))``): this dataset is a shard already."""
     for a in ctx.facts.assigns_of(name):
         fact = ctx.facts.call_of(a.value)
         if fact is not None and vocab.is_scatter(fact.qname):
+            return True
+        if a.stmt is not None and any(
+            vocab.is_scatter(c.qname) for c in ctx.facts.calls_by_stmt.get(id(a.stmt), [])
+        ):
             return True
     return False
 
@@ -189,6 +195,8 @@ def _plan_rank0_loading(ctx: FileContext) -> None:
         later = names_in(body[defs[-1] + 1 :])
         if others & later:
             continue  # the loading also defines something every rank needs
+        if any(name in names_in([b]) and not _is_print(ctx, b) for b in body[defs[-1] + 1 : index]):
+            continue  # code before the scatter reads the whole dataset on every rank
         comm = ctx.comm_at(block.func, "dataset")
         if comm is None:
             continue

@@ -242,7 +242,12 @@ def plan(ctx: FileContext) -> None:
     seen: set[int] = set()
     for call in ctx.facts.calls:
         stmt = call.stmt
-        if stmt is None or id(stmt) in seen or ctx.on_rank0_already(stmt):
+        if (
+            stmt is None
+            or id(stmt) in seen
+            or ctx.on_rank0_already(stmt)
+            or ctx.before_comm_exists(stmt)
+        ):
             continue
         what = _writer_name(ctx, call)
         if what is None:

@@ -412,3 +412,21 @@ def test_a_report_claim_the_output_does_not_bear_out_is_an_internal_error(
     result = convert_source(LOOP, "train.py")
     assert result.output is None
     assert result.error is not None and "the output does not show it" in result.error
+
+
+# Found by scripts/hypothesis_long.py: the rewrites themselves must be idempotent (a script
+# converted again with the already-distributed detection off changes no more).
+SECOND_PASS = {
+    "scatter-index-is-a-scatter": "import chainer\n\ndef parse_args():\n    pass\n\ndef main():\n    args = parse_args()\n    optimizer = chainer.optimizers.Adam()\n    ds_train, ds_val = chainer.datasets.get_cifar100()\n    ds_train = chainer.datasets.TransformDataset(ds_train, lambda e: e)\n    train_it = chainer.iterators.SerialIterator(ds_train, args.batchsize)\n    val_it = chainer.iterators.SerialIterator(ds_val, args.batchsize, repeat=False, shuffle=False)\n",
+    "no-guard-before-the-communicator": "import argparse\nimport chainer\n\ndef banner():\n    print('CUDA is available')\n\ndef parse_args():\n    parser = argparse.ArgumentParser(description='Chainer example')\n    return parser.parse_args()\n\ndef main():\n    banner()\n    opts = parse_args()\n    opt = chainer.optimizers.Adam()\n    try:\n        train = chainer.datasets.get_mnist()[0]\n        n_train = len(train)\n        train_it = chainer.iterators.MultiprocessIterator(train, opts.batchsize, n_processes=2)\n    except (IOError, OSError):\n        pass\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SECOND_PASS))
+def test_converting_again_changes_nothing_with_detection_off(name: str) -> None:
+    options = ConvertOptions(leave_distributed=False)
+    first = convert_source(SECOND_PASS[name], "t.py", options)
+    assert first.error is None and first.output is not None, first.error
+    second = convert_source(first.output, "t.py", options)
+    assert second.error is None
+    assert second.output == first.output, second.diff()
