@@ -886,11 +886,6 @@ def test_skeleton_conversion_adds_no_divergent_work_before_collectives(
         check_no_new_deadlock(skeleton.source, output, ("MN302",))
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="converter: a second conversion rescatters scatter_index shards and guards calls "
-    "before comm exists (test_converter_bug_found_by_the_search[second-pass-*])",
-)
 @_skeleton_test(0.5)
 def test_skeleton_conversion_is_idempotent(skeleton: Skeleton) -> None:
     _show(skeleton)
@@ -1078,6 +1073,7 @@ CONVERTER_BUGS = [
         if __name__ == '__main__':
             main()
         """,
+        fixed="833bfcc",
     ),
     _found(
         "second-pass-scatters-a-scatter-index-shard-again",
@@ -1093,6 +1089,7 @@ CONVERTER_BUGS = [
         train_iter = chainer.iterators.SerialIterator(train, 32)
         test_iter = chainer.iterators.SerialIterator(test, 32, repeat=False)
 """,
+        fixed="833bfcc",
     ),
     _found(
         "second-pass-guards-a-scatter-index-shard",
@@ -1127,6 +1124,7 @@ CONVERTER_BUGS = [
             test = chainer.datasets.TransformDataset(base, functools.partial(augment, train=False))
             test_iter = chainer.iterators.SerialIterator(test, 32, repeat=False)
         """,
+        fixed="833bfcc",
     ),
     _found(
         "guarded-helper-calls-evaluator",
