@@ -366,13 +366,24 @@ def user_blocks(draw: st.DrawFn, scope: Scope, depth: int) -> list[Stmt]:
 
 @st.composite
 def mixed_blocks(draw: st.DrawFn, scope: Scope, depth: int = 1) -> list[Stmt]:
-    """1-4 statements: writers/collectives/bookkeeping and user blocks nested to MAX_DEPTH."""
+    """1-4 statements: writers/collectives/bookkeeping and user blocks nested to MAX_DEPTH,
+    some with a comment line above them (comments must survive conversion)."""
     count = draw(st.integers(1, 4 if depth == 1 else 3))
     out: list[Stmt] = []
     for _ in range(count):
+        if draw(st.integers(0, 9)) == 0:
+            out.append(Line(f"# {draw(st.sampled_from(_COMMENTS))}"))
         nest = depth < MAX_DEPTH and draw(st.integers(0, 9)) < (5 if depth == 1 else 3)
         out += draw(user_blocks(scope, depth)) if nest else draw(leaves(scope))
     return out
+
+
+_COMMENTS = (
+    "report progress",
+    "TODO: make this configurable",
+    "save what we have so far",
+    "only needed for debugging",
+)
 
 
 # ------------------------------------------------------------------------ script sections

@@ -27,12 +27,14 @@ import ast
 import builtins
 import dataclasses
 import difflib
+import io
 import json
 import os
 import subprocess
 import symtable
 import sys
 import textwrap
+import tokenize
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -642,6 +644,23 @@ def check_no_collective_under_guard(source: str, output: str) -> None:
             )
 
 
+def comments(text: str) -> list[str]:
+    """The comment texts of a source file, in order."""
+    return [
+        tok.string
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+        if tok.type == tokenize.COMMENT
+    ]
+
+
+def check_comments_kept(source: str, output: str) -> None:
+    """Every comment of the input is still in the output, in order (DESIGN.md section 1:
+    comments outside edited nodes are kept)."""
+    kept = iter(comments(output))
+    for comment in comments(source):
+        assert any(c == comment for c in kept), f"comment {comment!r} is lost or moved"
+
+
 # ------------------------------------------------------------------------- deadlock lint
 
 
@@ -740,6 +759,7 @@ def skeleton_checks(
         "comm-bound": check_comm_bound,
         "no-new-undefined-name": lambda out: check_no_new_undefined_name(source, out),
         "no-nested-guard": lambda out: check_no_nested_guard(source, out),
+        "comments-kept": lambda out: check_comments_kept(source, out),
         "no-new-deadlock": lambda out: check_no_new_deadlock(source, out),
         "no-guarded-collective": lambda out: check_no_collective_under_guard(source, out),
         "idempotent": lambda out: check_idempotent(source, out, options),
@@ -828,6 +848,7 @@ def test_skeleton_keeps_every_statement_in_place(skeleton: Skeleton) -> None:
     output = accepted_output(skeleton.source)
     if output is not None:
         check_structure(skeleton.source, output)
+        check_comments_kept(skeleton.source, output)
 
 
 @_skeleton_test(1.0)
