@@ -995,6 +995,46 @@ _MAIN = """\
 
 CONVERTER_BUGS = [
     _found(
+        "issue-11-sibling-ifs",
+        "the case of issue 11: the second of two sibling `if`s in a loop body was nested "
+        "inside the first one's rank-0 guard (a freed guard's id() reused by the user's if), "
+        "which also put evaluator() on rank 0 only",
+        """\
+        import argparse
+
+        import chainer
+        from chainer.training import extensions
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument('--gpu', type=int, default=-1)
+            args = parser.parse_args()
+            model = chainer.links.Classifier(chainer.links.Linear(None, 10))
+            optimizer = chainer.optimizers.Adam()
+            optimizer.setup(model)
+            train, test = chainer.datasets.get_mnist()
+            train_iter = chainer.iterators.SerialIterator(train, 32)
+            test_iter = chainer.iterators.SerialIterator(test, 32, repeat=False)
+            evaluator = extensions.Evaluator(test_iter, model)
+            iteration = 0
+            while train_iter.epoch < 3:
+                batch = train_iter.next()
+                optimizer.update(model, *chainer.dataset.concat_examples(batch))
+                iteration += 1
+                if iteration % 20 == 0:
+                    print('iter', iteration)
+                if train_iter.is_new_epoch:
+                    print('epoch', train_iter.epoch)
+                    evaluator()
+
+
+        if __name__ == '__main__':
+            main()
+        """,
+        fixed="ff3629c",
+    ),
+    _found(
         "writer-in-elif",
         "a print alone in an `elif` branch got its rank-0 guard planned on the elif clause, "
         "which the applier cannot wrap; the driver's output check rejected the file "
