@@ -220,7 +220,7 @@ class TracebackCollector:
                 )
             )
             return []
-        header = _MNIFY_HEADER.match(text)
+        header = _MNIFY_HEADER.match(text.lstrip())  # MPI_Abort may print first on the line
         if header:
             self._close(st)
             st.host = header.group("host")
