@@ -15,14 +15,16 @@ loads (``load_npz(args.resume, trainer)``). Prints that name the rank are meant 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
 
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext, Lift
-from mnify.rewrites.edits import Guard
+from mnify.rewrites.edits import Guard, expression
 from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
-from mnify.syntax import assigned_in, mentions_rank, names_in
+from mnify.syntax import argument, argument_node, assigned_in, mentions_rank, names_in
 
 RANK0 = Guard("rank0")
 # writers whose file holds model parameters: incomplete under model parallel on rank 0 alone
@@ -115,6 +117,104 @@ def _writer_name(ctx: FileContext, call: CallFact) -> str | None:
                 if a.value is not None and _user_extension(ctx, a.value):
                     return _EXTENSION
     return None
+
+
+def _log_report_call(
+    ctx: FileContext, call: CallFact
+) -> tuple[cst.Call, cst.BaseStatement | None] | None:
+    """The ``LogReport(...)`` construction that ``trainer.extend(...)`` adds, if it adds one,
+    and the statement it stands in."""
+    if call.method != "extend" or not call.node.args:
+        return None
+    ext = call.node.args[0].value
+    values: list[tuple[cst.BaseExpression | None, cst.BaseStatement | None]] = [(ext, call.stmt)]
+    if isinstance(ext, cst.Name):
+        values += [(a.value, a.stmt) for a in ctx.facts.assigns_of(ext.value)]
+    for value, stmt in values:
+        made = ctx.facts.call_of(value)
+        if made is not None and vocab.is_extension(made.qname, "LogReport"):
+            return made.node, stmt
+    return None
+
+
+def _log_read_after(ctx: FileContext, call: CallFact) -> bool:
+    """Whether the script reads the LogReport back on every rank: ``get_extension('LogReport')``
+    or ``.log`` of the name the LogReport is bound to. Then the extension must exist on every
+    rank; only its file is rank 0's."""
+    for other in ctx.facts.calls:
+        if other.method == "get_extension" and other.node.args:
+            name = other.node.args[0].value
+            if isinstance(name, cst.SimpleString) and name.evaluated_value == "LogReport":
+                return True
+    ext = call.node.args[0].value
+    if isinstance(ext, cst.Name):
+        bound = ext.value
+        return any(
+            isinstance(n, cst.Attribute)
+            and isinstance(n.value, cst.Name)
+            and n.value.value == bound
+            and n.attr.value == "log"
+            for n in _attributes(ctx.module)
+        )
+    return False
+
+
+def _attributes(module: cst.Module) -> list[cst.Attribute]:
+    found: list[cst.Attribute] = []
+
+    class _Collect(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            found.append(node)
+
+    module.visit(_Collect())
+    return found
+
+
+def _writes_on_one_rank(log_report: cst.Call) -> bool:
+    """A LogReport whose file name already depends on the rank (converted before)."""
+    names = (argument(log_report, 3, "filename"), argument(log_report, 99, "log_name"))
+    return any(name is not None and mentions_rank(name) for name in names)
+
+
+def _log_name_on_rank0(comm: str) -> Callable[[cst.CSTNode], cst.CSTNode]:
+    """``LogReport(...)`` whose file only rank 0 writes: its name (``filename``, or the older
+    ``log_name``, Chainer's default ``'log'``) becomes ``X if comm.rank == 0 else None``. Chainer
+    falls back from ``filename=None`` to ``log_name``, so that one is ``None`` too."""
+
+    def edit(node: cst.CSTNode) -> cst.CSTNode:
+        assert isinstance(node, cst.Call)
+        args = list(node.args)
+        filename = argument_node(node, 3, "filename")
+        log_name = argument_node(node, 99, "log_name")
+        empty = cst.Module(body=[])
+
+        def by_rank(arg: cst.Arg) -> cst.Arg:
+            code = empty.code_for_node(arg.value)
+            return arg.with_changes(value=expression(f"{code} if {comm}.rank == 0 else None"))
+
+        def keyword(text: str) -> cst.Arg:
+            made = expression(f"f({text})")
+            assert isinstance(made, cst.Call)
+            return made.args[0]
+
+        if filename is not None:
+            args[args.index(filename)] = by_rank(filename)
+            if log_name is not None:
+                args[args.index(log_name)] = log_name.with_changes(value=cst.Name("None"))
+            else:
+                args.append(keyword("log_name=None"))
+        elif log_name is not None:
+            args[args.index(log_name)] = by_rank(log_name)
+        else:
+            args.append(keyword(f"log_name='log' if {comm}.rank == 0 else None"))
+        for i in range(len(args) - 1):
+            if args[i].comma is cst.MaybeSentinel.DEFAULT:
+                args[i] = args[i].with_changes(
+                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                )
+        return node.with_changes(args=args)
+
+    return edit
 
 
 def _guardable(ctx: FileContext, stmt: cst.BaseStatement) -> list[str] | None:
@@ -301,6 +401,20 @@ def plan(ctx: FileContext) -> None:
             )
             continue
         comm = ctx.comm_at(call.func, what)
+        log_report = _log_report_call(ctx, call) if what == "LogReport" else None
+        if log_report is not None and _writes_on_one_rank(log_report[0]):
+            continue
+        if comm is not None and log_report is not None and _log_read_after(ctx, call):
+            ctx.plan.replace_node(log_report[0], _log_name_on_rank0(comm), log_report[1])
+            ctx.note(
+                target,
+                "rank0-guard",
+                "changed",
+                "LogReport stays on every rank (the script reads its log back) and writes its "
+                "file on rank 0 only",
+                code,
+            )
+            continue
         if comm is None:
             ctx.note(
                 target,

@@ -6,7 +6,7 @@ import libcst as cst
 
 from mnify import vocabulary as N
 from mnify.lint.rule import AppliesTo, Rule
-from mnify.syntax import argument, string_value
+from mnify.syntax import argument, mentions_rank, string_value
 
 
 class UnguardedReportingExtension(Rule):
@@ -14,7 +14,9 @@ class UnguardedReportingExtension(Rule):
     variable assigned from) ``LogReport``, ``PrintReport``, ``ProgressBar``, ``PlotReport``,
     ``snapshot``/``Snapshot``, ``snapshot_object``, ``DumpGraph``/``dump_graph`` or
     ``VariableStatisticsPlot`` from ``chainer.training.extensions``, and the call runs on every
-    rank: not inside a rank-conditional ``if`` and not after a rank-conditional early exit."""
+    rank: not inside a rank-conditional ``if`` and not after a rank-conditional early exit. A
+    ``LogReport`` whose ``log_name`` depends on the rank (``'log' if comm.rank == 0 else None``)
+    writes on one rank: kept on every rank so the script can read its log back."""
 
     code = "MN401"
     name = "reporting-extension-on-every-rank"
@@ -39,11 +41,22 @@ class UnguardedReportingExtension(Rule):
             return
         extension = node.args[0].value
         label = self._reporting_name(extension)
+        if label == "LogReport" and self._log_name_by_rank(extension):
+            return
         if label is not None and not self.ctx.on_some_ranks():
             self.report(
                 extension,
                 f"`{label}` registered on every rank; register it under `if comm.rank == 0:`",
             )
+
+    def _log_name_by_rank(self, expr: cst.BaseExpression) -> bool:
+        if not isinstance(expr, cst.Call):
+            bound = self.ctx.binding(expr)
+            if bound is None or not isinstance(bound.value, cst.Call):
+                return False
+            expr = bound.value
+        names = (argument(expr, 3, "filename"), argument(expr, 99, "log_name"))
+        return any(name is not None and mentions_rank(name) for name in names)
 
     def _reporting_name(self, expr: cst.BaseExpression) -> str | None:
         if isinstance(expr, cst.Call):
