@@ -20,6 +20,7 @@ from mnify.runtime import debug, timeline
 from mnify.runtime.communicators import shared_memory
 from mnify.runtime.communicators.buckets import PlanCache
 from mnify.runtime.communicators.collectives import Collectives
+from mnify.runtime.communicators.marks import collective
 from mnify.runtime.communicators.mean_grad import GradientMean
 from mnify.runtime.communicators.shared_memory import SharedMemoryReducer
 from mnify.runtime.communicators.topology import Topology
@@ -179,6 +180,7 @@ class CommunicatorBase(Collectives, GradientMean):
         # an MPI communicator.
         return self
 
+    @collective
     def split(self, color: int, key: int) -> CommunicatorBase:
         """A communicator of the same class over the ranks that passed the same ``color``,
         ordered by ``key``."""

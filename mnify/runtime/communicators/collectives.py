@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mnify.runtime.communicators import _arrays as arr
+from mnify.runtime.communicators.marks import collective
 from mnify.runtime.communicators.transport import Transport
 from mnify.runtime.communicators.wire import as_bytes, from_bytes, header_of
 from mnify.runtime.debug import CallSignature
@@ -24,6 +25,7 @@ from mnify.runtime.debug import CallSignature
 class Collectives(Transport):
     """``allreduce bcast gather allgather alltoall scatter``, their ``_obj`` twins, ``barrier``."""
 
+    @collective
     def allreduce(self, x: Any, op: str = "sum") -> Any:
         """A new array: ``x`` reduced elementwise over ranks with ``op``."""
         host = arr.to_host(x)
@@ -37,6 +39,7 @@ class Collectives(Transport):
 
     # -- broadcasts -------------------------------------------------------------------------------
 
+    @collective
     def bcast(self, x: Any, root: int = 0) -> Any:
         """Root's ``x`` on every rank (non-roots may pass None)."""
         self._enter(CallSignature("bcast", root=root))
@@ -56,6 +59,7 @@ class Collectives(Transport):
 
     # -- gathers and scatters (shapes may differ per rank) ------------------------------------------
 
+    @collective
     def gather(self, x: Any, root: int = 0) -> list[Any] | None:
         """Every rank's ``x`` as a list on root (None elsewhere); shapes may differ."""
         host = arr.to_host(x)
@@ -71,6 +75,7 @@ class Collectives(Transport):
             for d, n, hd, hn in zip(displs, counts, hdispls, hcounts, strict=True)
         ]
 
+    @collective
     def allgather(self, x: Any) -> list[Any]:
         """Every rank's ``x`` as a list on every rank; shapes may differ."""
         host = arr.to_host(x)
@@ -82,6 +87,7 @@ class Collectives(Transport):
             for d, n, h in zip(displs, counts, headers, strict=True)
         ]
 
+    @collective
     def alltoall(self, xs: Sequence[Any]) -> list[Any]:
         """Rank r sends ``xs[s]`` to rank s and gets back the list of what each rank sent it."""
         if len(xs) != self.size:
@@ -96,6 +102,7 @@ class Collectives(Transport):
             for d, n, hd, hn in zip(displs, counts, hdispls, hcounts, strict=True)
         ]
 
+    @collective
     def scatter(self, xs: Sequence[Any] | None, root: int = 0) -> Any:
         """Root's ``xs[r]`` arrives at rank r (non-roots pass None); shapes may differ."""
         hosts: list[np.ndarray] | None = None
@@ -117,12 +124,14 @@ class Collectives(Transport):
 
     # -- object collectives (pickled) ---------------------------------------------------------------
 
+    @collective
     def bcast_obj(self, obj: Any, root: int = 0) -> Any:
         self._enter(CallSignature("bcast_obj", root=root))
         payload = pickle.dumps(obj) if self.rank == root else None
         raw = self._bcast_bytes(payload, root)
         return obj if self.rank == root else pickle.loads(raw)
 
+    @collective
     def gather_obj(self, obj: Any, root: int = 0) -> list[Any] | None:
         self._enter(CallSignature("gather_obj", root=root))
         gathered = self._gather_raw(np.frombuffer(pickle.dumps(obj), np.uint8), root)
@@ -131,10 +140,12 @@ class Collectives(Transport):
         raw, counts, displs = gathered
         return [pickle.loads(raw[d : d + n].tobytes()) for d, n in zip(displs, counts, strict=True)]
 
+    @collective
     def allgather_obj(self, obj: Any) -> list[Any]:
         self._enter(CallSignature("allgather_obj"))
         return [pickle.loads(b) for b in self._allgather_bytes(pickle.dumps(obj))]
 
+    @collective
     def allreduce_obj(self, obj: Any, op: str = "sum") -> Any:
         """``op`` over every rank's object, folded in rank order (the same result everywhere)."""
         arr.mpi_op(op)
@@ -152,6 +163,7 @@ class Collectives(Transport):
                 result = min(result, v)
         return result
 
+    @collective
     def scatter_obj(self, objs: Sequence[Any] | None, root: int = 0) -> Any:
         parts = None
         if self.rank == root:
@@ -163,6 +175,7 @@ class Collectives(Transport):
 
     # -- synchronisation -------------------------------------------------------------------------
 
+    @collective
     def barrier(self) -> None:
         """Wait for every rank. Never timed by the watchdog: it is the explicit synchronisation
         point to put before timed collectives when ranks legitimately drift apart (rank 0

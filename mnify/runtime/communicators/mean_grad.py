@@ -17,6 +17,7 @@ from mnify.runtime import kernels
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators import shared_memory
 from mnify.runtime.communicators.buckets import PlanCache
+from mnify.runtime.communicators.marks import collective
 from mnify.runtime.communicators.parameters import grads_to_reduce, named_params
 from mnify.runtime.communicators.shared_memory import SharedMemoryReducer
 from mnify.runtime.communicators.transport import Transport
@@ -87,12 +88,14 @@ class GradientMean(Transport):
 
     # -- public ---------------------------------------------------------------------------------
 
+    @collective
     def all_reduce(self, arrays: list[Any], division: bool = False) -> None:
         """Sum each array of ``arrays`` over ranks, in place; divided by size if ``division``."""
         arrays = list(arrays)
         self._enter(CallSignature.of("all_reduce", arrays))
         self._reduce_staged(arrays, 1.0 / self.size if division else 1.0)
 
+    @collective
     def multi_node_mean_grad(self, model: Any, zero_fill: bool = False) -> None:
         """Average every parameter's ``.grad`` over ranks, in place.
 
@@ -108,6 +111,7 @@ class GradientMean(Transport):
         )
         self._reduce_staged(grads, 1.0 / self.size)
 
+    @collective
     def bcast_data(self, model: Any, root: int = 0) -> None:
         """Copy root's parameter arrays (``model.namedparams()``) into every rank, in place.
 
@@ -147,10 +151,12 @@ class GradientMean(Transport):
 
     # -- ChainerMN's older names -----------------------------------------------------------------
 
+    @collective
     def allreduce_grad(self, model: Any, zero_fill: bool = False) -> None:
         """ChainerMN's older name for :meth:`multi_node_mean_grad`."""
         self.multi_node_mean_grad(model, zero_fill)
 
+    @collective
     def broadcast_data(self, model: Any) -> None:
         """ChainerMN's older name for :meth:`bcast_data`."""
         self.bcast_data(model)
