@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import fakecupy
+
 REPO = Path(__file__).resolve().parents[2]
-FAKE = Path(__file__).resolve().parent / "fakecupy"
+FAKE = fakecupy.PATH
 
 DRIVER = """
 import runpy, sys

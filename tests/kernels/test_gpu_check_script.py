@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import fakecupy
 from tests.support.mpirun import REPO, mpi_env
 
-FAKE = Path(__file__).resolve().parent / "fakecupy"
+FAKE = fakecupy.PATH
 
 
 @pytest.mark.parametrize(("cupy", "id_type"), [("14.2.0", "bytes"), ("13.6.0", "tuple")])

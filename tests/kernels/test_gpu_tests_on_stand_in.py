@@ -2,7 +2,7 @@
 
 A GPU session has minutes, not hours: a typo in a gpu-marked test must not be found there.
 This runs tests/kernels/test_kernels_device.py and tests/gpu in a child pytest with
-tests/kernels/fakecupy first on the path (CuPy arrays are numpy underneath, NCCL calls are done
+tests/support/fakecupy first on the path (CuPy arrays are numpy underneath, NCCL calls are done
 with MPI on one rank) and the CUDA kernels replaced by their numpy twins. Kernel-vs-twin
 comparisons are trivially equal there; the communicator tests exercise pure_nccl for real.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
+from tests.support import fakecupy
 from tests.support.mpirun import REPO, mpi_env
 
-FAKE = Path(__file__).resolve().parent / "fakecupy"
+FAKE = fakecupy.PATH
 
 
 def test_gpu_marked_tests_run_on_the_stand_in() -> None:

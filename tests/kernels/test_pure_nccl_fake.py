@@ -1,4 +1,4 @@
-"""pure_nccl's logic under real MPI ranks on CPU, with NCCL and CuPy stood in by tests/kernels/fakecupy.
+"""pure_nccl's logic under real MPI ranks on CPU, with NCCL and CuPy stood in by tests/support/fakecupy.
 
 The fake performs each NCCL call pure_nccl makes (raw device pointers, element counts, NCCL
 dtypes, in-place buffers) with MPI on the memory behind those pointers, and the CUDA kernels are
@@ -13,25 +13,20 @@ path, the watchdog wait, and finalize. Real GPUs: see tests/gpu and scripts/gpu_
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from tests.support import fakecupy
 from tests.support.mpirun import run_ranks
 
-FAKE = Path(__file__).resolve().parent / "fakecupy"
+FAKE = fakecupy.PATH
 
 SCRIPT = r"""
-import sys, types
+import sys
 sys.path.insert(0, FAKE)
 import numpy as np
 import cupy
-from mnify.runtime.kernels import host
-
 # the CUDA kernels -> their numpy twins (the fake "device" arrays are numpy underneath)
-shim = types.ModuleType("mnify.runtime.kernels.device")
-shim.pack, shim.unpack = host.pack, host.unpack
-sys.modules["mnify.runtime.kernels.device"] = shim
+import mnify_fake_device
 
 from mnify.runtime.communicators import create_communicator
 from mnify.runtime.communicators.pure_nccl import PureNcclCommunicator, nccl_status
@@ -207,7 +202,7 @@ def test_pure_nccl_logic_on_fake_devices(ranks: int, cupy_version: str, nccl_ver
 
 
 ISOLATED = r"""
-import os, sys, types
+import os, sys
 from mpi4py import MPI
 rank = MPI.COMM_WORLD.Get_rank()
 # what CUDA_VISIBLE_DEVICES=<rank> gives each rank: one GPU, numbered 0, a bus of its own
@@ -217,10 +212,7 @@ os.environ["FAKE_CUPY_FIRST_BUS"] = "0" if os.environ.get("SAME_GPU") else str(r
 sys.path.insert(0, FAKE)
 import numpy as np
 import cupy
-from mnify.runtime.kernels import host
-shim = types.ModuleType("mnify.runtime.kernels.device")
-shim.pack, shim.unpack = host.pack, host.unpack
-sys.modules["mnify.runtime.kernels.device"] = shim
+import mnify_fake_device  # the CUDA kernels -> their numpy twins
 from mnify.runtime.communicators import create_communicator
 
 try:
@@ -252,15 +244,11 @@ def test_two_ranks_on_one_gpu_are_refused_on_every_rank() -> None:
 
 
 HANG = r"""
-import sys, time, types
+import sys, time
 sys.path.insert(0, FAKE)
 import numpy as np
 import cupy
-from mnify.runtime.kernels import host
-
-shim = types.ModuleType("mnify.runtime.kernels.device")
-shim.pack, shim.unpack = host.pack, host.unpack
-sys.modules["mnify.runtime.kernels.device"] = shim
+import mnify_fake_device  # the CUDA kernels -> their numpy twins
 from mnify.runtime.communicators import create_communicator
 
 class P:

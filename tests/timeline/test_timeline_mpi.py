@@ -159,7 +159,7 @@ def test_nothing_is_recorded_unless_every_rank_records(tmp_path: Path) -> None:
 
 
 def test_gpu_communicator_spans_on_the_cuda_stand_in(tmp_path: Path) -> None:
-    """pure_nccl on tests/kernels/fakecupy (CuPy and NCCL on CPU, events complete at once, a
+    """pure_nccl on tests/support/fakecupy (CuPy and NCCL on CPU, events complete at once, a
     constant elapsed time): the plumbing of CUDA-event spans, not their values."""
     ranks_dir = tmp_path / "ranks"
     run = run_ranks(

@@ -1,15 +1,14 @@
 """Rank script: scatter_dataset of CuPy-backed datasets, with CuPy stood in on CPU ranks.
 
-tests/kernels/fakecupy's arrays live in host memory but have CuPy's type, so the path taken is
+tests/support/fakecupy's arrays live in host memory but have CuPy's type, so the path taken is
 the device one: each rank's share travels as host rows and arrives as a (stand-in) CuPy array.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from tests.support import fakecupy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels" / "fakecupy"))
+fakecupy.use()
 
 import chainer  # noqa: E402
 import cupy  # noqa: E402

@@ -1,6 +1,6 @@
 """Rank script: the double-buffering schedule on CPU ranks, with CuPy/NCCL stood in.
 
-tests/kernels/fakecupy stands in for CuPy and NCCL (its NCCL calls run over MPI), so the
+tests/support/fakecupy stands in for CuPy and NCCL (its NCCL calls run over MPI), so the
 pure_nccl communicator and ``double_buffering=True`` run here; the model stays on the host, so
 pure_nccl averages its gradients on the MPI path. What is checked is the optimizer's schedule:
 with the same batch every step, four updates apply the averaged gradient of rank 0's initial
@@ -9,10 +9,9 @@ parameters twice (steps 2 and 3, each one step late), and every rank ends identi
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from tests.support import fakecupy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels" / "fakecupy"))
+fakecupy.use()
 
 import chainer  # noqa: E402
 import chainer.functions as F  # noqa: E402

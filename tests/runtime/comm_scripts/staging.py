@@ -1,20 +1,27 @@
 """Device (CuPy) arrays through the MPI communicators, with a host-memory stand-in for CuPy.
 
+The stand-in (tests/support/fakecupy) runs with opaque arrays: as with real CuPy, numpy cannot
+read a device array, so only the communicators' explicit staging (``.get()``) reaches the host.
 Checks that results come back in the caller's array module, that in-place operations write the
-device arrays, and that values equal the numpy reference. Prints ``DONE <name>`` per communicator.
+device arrays, that values equal the numpy reference, and that ``bcast_data`` downloads nothing
+on the ranks it overwrites. Prints ``PASS <name>`` per communicator (tests/support/rank_checks).
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent / "fake_cupy"))
+from tests.support import fakecupy
+
+os.environ["FAKE_CUPY_OPAQUE_ARRAYS"] = "1"
+fakecupy.use()
 
 import cupy  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mnify.runtime.communicators import create_communicator  # noqa: E402
+from tests.support.rank_checks import passed  # noqa: E402
 
 
 class Param:
@@ -55,7 +62,10 @@ def main(name: str) -> None:
             "/b": Param(cupy.asarray(np.zeros(2, np.float32)), None),
         }
     )
+    downloads = cupy.TRANSFERS["download"]
     comm.bcast_data(model)
+    if r != 0:  # overwritten anyway: nothing to download
+        assert cupy.TRANSFERS["download"] == downloads, cupy.TRANSFERS
     np.testing.assert_array_equal(host(model.params["/w"].data), np.zeros((3, 2), np.float32))
     model.params["/w"].grad = cupy.asarray(np.full((3, 2), float(r + 1), np.float32))
     comm.multi_node_mean_grad(model, zero_fill=True)
@@ -75,7 +85,7 @@ def main(name: str) -> None:
     b = comm.bcast(cupy.asarray(np.arange(3.0)) if r == 0 else None)
     np.testing.assert_array_equal(np.asarray(host(b) if r == 0 else b), np.arange(3.0))
     comm.finalize()
-    print(f"DONE {name}", flush=True)
+    passed(name)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,11 @@
-"""pure_nccl with the timeline on, on the CPU stand-in for CuPy and NCCL (tests/kernels/fakecupy,
+"""pure_nccl with the timeline on, on the CPU stand-in for CuPy and NCCL (tests/support/fakecupy,
 first on sys.path; the CUDA kernels replaced by their numpy twins). Prints ``DONE``."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from tests.support import fakecupy
 
-FAKE = Path(__file__).resolve().parents[2] / "kernels" / "fakecupy"
-sys.path.insert(0, str(FAKE))
+fakecupy.use()
 
 import cupy  # noqa: E402
 import mnify_fake_device  # noqa: E402, F401

@@ -1,11 +1,23 @@
-"""A stand-in for CuPy + NCCL on CPU ranks, so pure_nccl's logic runs under real MPI in CI.
+"""A stand-in for CuPy + NCCL on CPU ranks, so the runtime's device paths run under real MPI in CI.
 
-Not CuPy: "device" arrays are numpy arrays of a subclass whose module is ``cupy`` (so
-``is_cupy`` says yes), ``.data.ptr`` is the host address, and ``cupy.cuda.nccl`` performs each
-NCCL call with MPI on views made from those raw addresses -- the same pointer/count/dtype calls
-pure_nccl makes to the real library. Streams and events are immediate. The test replaces the
-CUDA kernels with their numpy twins. Only COMM_WORLD-wide NCCL communicators are supported
-(ncclCommInitRank is emulated with a collective Dup of COMM_WORLD).
+The one fake CuPy of the test suite (put ``tests/support/fakecupy`` first on ``sys.path``; see
+``tests/support/fakecupy/__init__.py``). Not CuPy: "device" memory is host memory, and
+``cupy.cuda.nccl`` performs each NCCL call with MPI on views made from the raw addresses -- the
+same pointer/count/dtype calls pure_nccl makes to the real library. Streams and events are
+immediate. ``mnify_fake_device`` (beside this package) replaces the CUDA kernels with their
+numpy twins. Only COMM_WORLD-wide NCCL communicators are supported (ncclCommInitRank is
+emulated with a collective Dup of COMM_WORLD).
+
+Two kinds of device array, chosen when the package is imported:
+
+- by default, numpy arrays of a subclass whose module is ``cupy`` (so ``is_cupy`` says yes and
+  the kernels' numpy twins run on them), ``.data.ptr`` the host address;
+- ``FAKE_CUPY_OPAQUE_ARRAYS=1``: arrays numpy cannot read, as CuPy's: ``np.asarray`` (any
+  implicit conversion) raises CuPy's ``TypeError``, so only ``.get()``/``cupy.asnumpy`` reach
+  the host. Tests of host staging use it; only the basic array surface exists in this mode.
+
+Either way every host<->device copy is counted in ``TRANSFERS`` (``download``: ``get``,
+``asnumpy``; ``upload``: ``asarray``/``array`` of host data).
 
 It follows CuPy 14 (``get_unique_id()`` returns ``bytes``, ``NcclCommunicator`` takes ``bytes``);
 ``FAKE_CUPY_VERSION=13.6.0`` switches to CuPy 13 (a tuple of 128 C ``char`` values, signed as on
@@ -80,7 +92,20 @@ class Device:
         return f"0000:{int(os.environ.get('FAKE_CUPY_FIRST_BUS', '0')) + self.id:02x}:00.0"
 
 
-class ndarray(np.ndarray):  # noqa: N801 - CuPy's name
+# every host<->device copy, counted (tests of host staging read it)
+TRANSFERS = {"download": 0, "upload": 0}
+
+# CuPy's own words when numpy is handed a device array
+_IMPLICIT = (
+    "Implicit conversion to a NumPy array is not allowed. "
+    "Please use `.get()` to construct a NumPy array explicitly."
+)
+_OPAQUE = os.environ.get("FAKE_CUPY_OPAQUE_ARRAYS") == "1"
+
+
+class _HostVisibleArray(np.ndarray):
+    """The default device array: numpy underneath, so the kernels' numpy twins run on it."""
+
     @property  # type: ignore[override]
     def data(self) -> _Memory:
         return _Memory(int(self.ctypes.data))
@@ -93,22 +118,120 @@ class ndarray(np.ndarray):  # noqa: N801 - CuPy's name
     def device(self) -> Device:
         return Device(self._device_id)
 
-    def get(self) -> np.ndarray:
+    def get(self, stream: Any = None) -> np.ndarray:
+        TRANSFERS["download"] += 1
         return np.array(self.view(np.ndarray), copy=True)
 
 
-def _wrap(x: Any) -> ndarray:
-    return np.asarray(x).view(ndarray)
+class _OpaqueArray:
+    """``FAKE_CUPY_OPAQUE_ARRAYS=1``: a device array numpy cannot read, as CuPy's.
+
+    Holds host memory standing in for the device's; indexing gives views or copies as numpy's
+    (and CuPy's) indexing does, item assignment takes device arrays, host arrays (an upload) or
+    scalars. Anything that would hand it to numpy raises CuPy's ``TypeError``.
+    """
+
+    def __init__(self, memory: np.ndarray, device_id: int) -> None:
+        self._memory = memory
+        self._device_id = device_id
+
+    shape = property(lambda self: self._memory.shape)
+    dtype = property(lambda self: self._memory.dtype)
+    size = property(lambda self: self._memory.size)
+    ndim = property(lambda self: self._memory.ndim)
+    nbytes = property(lambda self: self._memory.nbytes)
+    strides = property(lambda self: self._memory.strides)
+    flags = property(lambda self: self._memory.flags)
+
+    @property
+    def data(self) -> _Memory:
+        return _Memory(int(self._memory.ctypes.data))
+
+    @property
+    def device(self) -> Device:
+        return Device(self._device_id)
+
+    def get(self, stream: Any = None) -> np.ndarray:
+        TRANSFERS["download"] += 1
+        return self._memory.copy()
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise TypeError(_IMPLICIT)
+
+    def __len__(self) -> int:
+        return len(self._memory)
+
+    def __getitem__(self, key: Any) -> _OpaqueArray:
+        return _OpaqueArray(self._memory[_device_key(key)], self._device_id)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if isinstance(value, np.ndarray):
+            TRANSFERS["upload"] += 1
+        self._memory[_device_key(key)] = _memory(value)
+
+    def copy(self) -> _OpaqueArray:
+        return _OpaqueArray(self._memory.copy(), self._device_id)
+
+    def astype(self, dtype: Any, copy: bool = True) -> _OpaqueArray:
+        return _OpaqueArray(self._memory.astype(dtype, copy=copy), self._device_id)
+
+    def reshape(self, *shape: Any) -> _OpaqueArray:
+        return _OpaqueArray(self._memory.reshape(*shape), self._device_id)
+
+    def ravel(self) -> _OpaqueArray:
+        return _OpaqueArray(self._memory.ravel(), self._device_id)
+
+    def __repr__(self) -> str:
+        return f"array({self._memory.tolist()!r}, dtype={self.dtype}) (fake CuPy, opaque)"
 
 
-def asarray(x: Any, dtype: Any = None) -> ndarray:
-    if isinstance(x, ndarray) and dtype is None:
+for _cls in (_HostVisibleArray, _OpaqueArray):
+    _cls.__name__ = _cls.__qualname__ = "ndarray"
+ndarray = _OpaqueArray if _OPAQUE else _HostVisibleArray
+
+
+def _is_device(x: Any) -> bool:
+    return isinstance(x, (_HostVisibleArray, _OpaqueArray))
+
+
+def _memory(x: Any) -> Any:
+    """The host memory behind a device array (no transfer: the device's own view); anything
+    else as it is."""
+    if isinstance(x, _OpaqueArray):
+        return x._memory
+    if isinstance(x, _HostVisibleArray):
+        return x.view(np.ndarray)
+    return x
+
+
+def _device_key(key: Any) -> Any:
+    if isinstance(key, tuple):
+        return tuple(_memory(k) for k in key)
+    return _memory(key)
+
+
+def _wrap(x: Any) -> Any:
+    """Host memory as a device array of this mode's kind on the current device (no copy)."""
+    if _OPAQUE:
+        return _OpaqueArray(np.asarray(x), _current_device)
+    return np.asarray(x).view(_HostVisibleArray)
+
+
+def _upload(x: Any, dtype: Any = None, order: str = "K") -> Any:
+    """A device copy of ``x``: device to device, or an upload of host data."""
+    if not _is_device(x):
+        TRANSFERS["upload"] += 1
+    return _wrap(np.array(_memory(x), dtype=dtype, order=order, copy=True))
+
+
+def asarray(x: Any, dtype: Any = None) -> Any:
+    if isinstance(x, ndarray) and (dtype is None or np.dtype(dtype) == x.dtype):
         return x
-    return _wrap(np.array(np.asarray(x), dtype=dtype, copy=True))
+    return _upload(x, dtype)
 
 
-def array(x: Any, dtype: Any = None, order: str = "K", copy: bool = True) -> ndarray:
-    return _wrap(np.array(np.asarray(x), dtype=dtype, order=order, copy=True))
+def array(x: Any, dtype: Any = None, order: str = "K", copy: bool = True) -> Any:
+    return _upload(x, dtype, order)
 
 
 # what was queued on which stream, in order: "copy:<stream>" (a strided array made contiguous),
@@ -116,37 +239,39 @@ def array(x: Any, dtype: Any = None, order: str = "K", copy: bool = True) -> nda
 timeline: list[str] = []
 
 
-def ascontiguousarray(x: Any) -> ndarray:
-    if not np.asarray(x).flags.c_contiguous:
+def ascontiguousarray(x: Any) -> Any:
+    if not _is_device(x):
+        return _upload(x, order="C")
+    if not _memory(x).flags.c_contiguous:
         timeline.append(f"copy:{_stream.ptr}")
-    return _wrap(np.ascontiguousarray(x))
+    return _wrap(np.ascontiguousarray(_memory(x)))
 
 
-def empty(shape: Any, dtype: Any = np.float64) -> ndarray:
+def empty(shape: Any, dtype: Any = np.float64) -> Any:
     return _wrap(np.empty(shape, dtype=dtype))
 
 
-def zeros(shape: Any, dtype: Any = np.float64) -> ndarray:
+def zeros(shape: Any, dtype: Any = np.float64) -> Any:
     return _wrap(np.zeros(shape, dtype=dtype))
 
 
-def full(shape: Any, value: Any, dtype: Any = None) -> ndarray:
+def full(shape: Any, value: Any, dtype: Any = None) -> Any:
     return _wrap(np.full(shape, value, dtype=dtype))
 
 
-def empty_like(x: Any) -> ndarray:
-    return _wrap(np.empty_like(np.asarray(x)))
+def empty_like(x: Any) -> Any:
+    return _wrap(np.empty_like(_memory(x)))
 
 
-def zeros_like(x: Any) -> ndarray:
-    return _wrap(np.zeros_like(np.asarray(x)))
+def zeros_like(x: Any) -> Any:
+    return _wrap(np.zeros_like(_memory(x)))
 
 
-def arange(*args: Any, dtype: Any = None) -> ndarray:
+def arange(*args: Any, dtype: Any = None) -> Any:
     return _wrap(np.arange(*args, dtype=dtype))
 
 
-def ones(shape: Any, dtype: Any = np.float64) -> ndarray:
+def ones(shape: Any, dtype: Any = np.float64) -> Any:
     return _wrap(np.ones(shape, dtype=dtype))
 
 
@@ -154,20 +279,22 @@ bool_, int8, uint8, int16, int32, int64 = np.bool_, np.int8, np.uint8, np.int16,
 float16, float32, float64 = np.float16, np.float32, np.float64
 
 
-def abs(x: Any) -> ndarray:  # noqa: A001 - CuPy's name
-    return _wrap(np.abs(np.asarray(x)))
+def abs(x: Any) -> Any:  # noqa: A001 - CuPy's name
+    return _wrap(np.abs(_memory(x)))
 
 
 class random:  # noqa: N801 - CuPy's module name
     _rng = np.random.default_rng(0)
 
     @staticmethod
-    def standard_normal(size: Any = None, dtype: Any = np.float64) -> ndarray:
+    def standard_normal(size: Any = None, dtype: Any = np.float64) -> Any:
         return _wrap(random._rng.standard_normal(size).astype(dtype))
 
 
 def asnumpy(x: Any) -> np.ndarray:
-    return np.array(np.asarray(x).view(np.ndarray), copy=True)
+    if _is_device(x):
+        return x.get()
+    return np.asarray(x)
 
 
 # -- cupy.cuda -------------------------------------------------------------------------------------
