@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import chainer
 
 from mnify.runtime import timeline
+from mnify.runtime.overlap_hooks import OverlapEngine, OverlapStats
 
 if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
@@ -103,13 +104,29 @@ class _WrapperBase:
 
 
 class MultiNodeOptimizer(_WrapperBase):
-    """Broadcast on parameter changes, otherwise average gradients, then the wrapped update."""
+    """Broadcast on parameter changes, otherwise average gradients, then the wrapped update.
+
+    ``overlap``: in ``update(lossfun)``, average each bucket of gradients as soon as backward
+    has finished its gradients (:mod:`mnify.runtime.overlap_hooks`), instead of after backward.
+    """
 
     def __init__(
-        self, actual_optimizer: chainer.Optimizer, communicator: CommunicatorBase, zero_fill: bool
+        self,
+        actual_optimizer: chainer.Optimizer,
+        communicator: CommunicatorBase,
+        zero_fill: bool,
+        overlap: bool = False,
     ) -> None:
         super().__init__(actual_optimizer, communicator, zero_fill)
         self._set_own("synced_signature", None)
+        self._set_own("overlap", bool(overlap))
+        self._set_own("_overlap_engine", OverlapEngine(communicator) if overlap else None)
+
+    @property
+    def overlap_stats(self) -> OverlapStats | None:
+        """What the overlapped updates did (None when overlap is off)."""
+        engine = self._overlap_engine
+        return None if engine is None else engine.stats
 
     def _broadcast_if_changed(self) -> bool:
         """Broadcast rank 0's parameters if the parameter set changed since the last broadcast."""
@@ -143,6 +160,11 @@ class MultiNodeOptimizer(_WrapperBase):
                 with chainer.using_config("in_recomputing", True), chainer.no_backprop_mode():
                     lossfun(*args, **kwds)
             self._broadcast_if_changed()
+            if self._overlapped_step(lossfun, args, kwds):
+                timeline.apply_begins()
+                self.actual_optimizer.update(None)
+                timeline.update_ends()
+                return
             self._compute_grads(lossfun, args, kwds)
             if self._broadcast_if_changed():  # the forward still created parameters: redo it
                 self._compute_grads(lossfun, args, kwds)
@@ -150,6 +172,51 @@ class MultiNodeOptimizer(_WrapperBase):
         timeline.apply_begins()
         self.actual_optimizer.update(None)
         timeline.update_ends()
+
+    def _overlapped_step(self, lossfun: Any, args: tuple[Any, ...], kwds: dict[str, Any]) -> bool:
+        """Forward, backward and the gradient mean overlapped with that backward; False (nothing
+        done) when this step takes the sequential path. See :mod:`mnify.runtime.overlap_hooks`
+        for when it does."""
+        engine = self._overlap_engine
+        if engine is None or not self.zero_fill:
+            return False
+        target = self._target
+        if param_signature(target) != self.synced_signature:
+            return False
+        opt = self.actual_optimizer
+        step = engine.begin(target, opt._loss_scale)
+        if step is None:
+            engine.stats.fallbacks += 1
+            return False
+        try:
+            loss = lossfun(*args, **kwds)
+        except BaseException:
+            step.detach()
+            raise
+        if getattr(opt, "_use_cleargrads", True):
+            target.cleargrads()
+        else:
+            target.zerograds()
+        if step.saw_backward or param_signature(target) != self.synced_signature:
+            # a backward inside the loss function, or parameters created by the forward: the
+            # sequential path, with the loss already computed (as _compute_grads would)
+            step.detach()
+            engine.stats.fallbacks += 1
+            loss.backward(loss_scale=opt._loss_scale)
+            del loss
+            if self._broadcast_if_changed():
+                self._compute_grads(lossfun, args, kwds)
+            self.communicator.multi_node_mean_grad(target, self.zero_fill)
+            return True
+        engine.enter(step)
+        step.arm(loss)
+        try:
+            loss.backward(loss_scale=opt._loss_scale)
+        finally:
+            step.detach()
+        del loss
+        engine.wait(step)
+        return True
 
 
 class DoubleBufferingOptimizer(_WrapperBase):
@@ -213,13 +280,26 @@ def create_multi_node_optimizer(
     communicator: CommunicatorBase,
     double_buffering: bool = False,
     zero_fill: bool = True,
+    overlap: bool | None = None,
 ) -> Any:
     """Wrap ``actual_optimizer`` so its updates are synchronised over ``communicator``'s ranks.
 
     ``zero_fill``: gradients of initialised parameters that got none (an unused branch) are
     averaged as zeros, so every rank reduces the same arrays. ``double_buffering`` overlaps the
     averaging with the next step on a side CUDA stream and needs the ``pure_nccl`` communicator.
+    ``overlap``: start averaging each bucket of gradients during backward, as soon as its
+    gradients are final (in ``update(lossfun)``; other updates average after backward). None:
+    on for ``pure_nccl`` (without double buffering), off elsewhere -- on CPU ranks the
+    reduction and backward compete for the same cores (bench/overlap.py); True/False force it.
+    It needs ``zero_fill=True`` (every rank must reduce the same buckets).
     """
+    name = getattr(communicator, "name", None)
+    if overlap is None:
+        overlap = name == "pure_nccl" and not double_buffering and zero_fill
+    elif overlap and double_buffering:
+        raise ValueError("overlap=True and double_buffering=True exclude each other")
+    elif overlap and not zero_fill:
+        raise ValueError("overlap=True needs zero_fill=True: every rank must reduce every bucket")
     if double_buffering:
         if getattr(communicator, "name", None) != "pure_nccl":
             raise ValueError(
@@ -228,4 +308,4 @@ def create_multi_node_optimizer(
                 "it averages gradients on a side CUDA stream"
             )
         return DoubleBufferingOptimizer(actual_optimizer, communicator, zero_fill)
-    return MultiNodeOptimizer(actual_optimizer, communicator, zero_fill)
+    return MultiNodeOptimizer(actual_optimizer, communicator, zero_fill, overlap=bool(overlap))
