@@ -3,7 +3,7 @@
 Each rank builds every rank's inputs from a shared seed, runs the distributed function, and
 compares its forward result and its input gradients with a single-process Chainer graph whose
 loss is the sum of every rank's loss (the objective the distributed backward differentiates).
-Prints ``CHECK <name> ok`` per check and ``DONE`` at the end.
+Prints ``PASS <name>`` per check (tests/support/rank_checks).
 """
 
 from __future__ import annotations
@@ -31,10 +31,6 @@ def weighted(y: chainer.Variable, w: np.ndarray) -> chainer.Variable:
     return F.sum(y * w)
 
 
-def ok(name: str) -> None:
-    passed(name)
-
-
 def reference_grads(
     inputs: list[np.ndarray], total_loss: Callable[[list[chainer.Variable]], chainer.Variable]
 ) -> list[np.ndarray]:
@@ -59,7 +55,7 @@ for dtype, tol in ((np.float32, 1e-5), (np.float16, 1e-2)):
         lambda v, ws=ws: sum(weighted(v[k], ws[r][k]) for r in range(size) for k in range(size)),
     )
     assert_close(f"allgather[{dtype.__name__}] grad", x.grad, want[rank], tol, tol)
-    ok(f"allgather_{dtype.__name__}")
+    passed(f"allgather_{dtype.__name__}")
 
 # each rank uses only one of the gathered outputs: the others' gradients are None here
 xs = [data(20 + k, (2, 2)) for k in range(size)]
@@ -68,7 +64,7 @@ ys = mnf.allgather(comm, x)
 weighted(ys[(rank + 1) % size], xs[rank]).backward()
 want = reference_grads(xs, lambda v: sum(weighted(v[(r + 1) % size], xs[r]) for r in range(size)))
 assert_close("allgather unused outputs grad", x.grad, want[rank])
-ok("allgather_unused_outputs")
+passed("allgather_unused_outputs")
 
 # ---------------------------------------------------------------- alltoall (shapes differ)
 # rank r sends block (r, k) shaped (r + k + 1, 2) to rank k
@@ -86,7 +82,7 @@ want = reference_grads(
 )
 for k in range(size):
     assert_close(f"alltoall grad {k}", mine[k].grad, want[rank * size + k])
-ok("alltoall")
+passed("alltoall")
 
 # ---------------------------------------------------------------- bcast from the last rank
 root = size - 1
@@ -100,7 +96,7 @@ if rank == root:
     assert xv is not None
     want = reference_grads([x0], lambda v: sum(weighted(v[0], ws[r]) for r in range(size)))
     assert_close("bcast grad at root", xv.grad, want[0])
-ok("bcast")
+passed("bcast")
 
 # ---------------------------------------------------------------- gather to rank 1 % size
 root = 1 % size
@@ -118,7 +114,7 @@ else:
     out.backward()  # the delegate: takes part in the scatter of gradients
 want = reference_grads(xs, lambda v: sum(weighted(v[k], ws[k]) for k in range(size)))
 assert_close("gather grad", x.grad, want[rank])
-ok("gather")
+passed("gather")
 
 # ---------------------------------------------------------------- scatter from rank 0
 xs = [data(50 + k, (2, k + 1)) for k in range(size)]
@@ -132,7 +128,7 @@ if rank == 0:
     want = reference_grads(xs, lambda v: sum(weighted(v[k], ws[k]) for k in range(size)))
     for k in range(size):
         assert_close(f"scatter grad {k}", mine[k].grad, want[k])
-ok("scatter")
+passed("scatter")
 
 # ---------------------------------------------------------------- allreduce sum / mean
 for op in ("sum", "mean"):
@@ -151,7 +147,7 @@ for op in ("sum", "mean"):
         return sum(weighted(reduced, ws[r]) for r in range(size))
 
     assert_close(f"allreduce {op} grad", x.grad, reference_grads(xs, total)[rank])
-    ok(f"allreduce_{op}")
+    passed(f"allreduce_{op}")
 
 # ---------------------------------------------------------------- send/recv pipeline 0 -> ... -> n-1
 # rank 0: h0 = x * 2, sends (h0, x16) ; middle ranks: h = tanh(h_in) * w_r ; last: loss
@@ -190,7 +186,7 @@ else:
         (weighted(h, ws[rank]) + half_loss(h16)).backward()
     else:
         mnf.send((F.tanh(h) * ws[rank], h16), comm, rank=rank + 1).backward()
-ok("send_recv_pipeline")
+passed("send_recv_pipeline")
 
 # ---------------------------------------------------------------- a delegate threaded into recv
 # rank 0 sends x to rank 1 and gets 3 * x back; its loss sum(y ** 2) must reach the first send.
@@ -205,7 +201,7 @@ elif rank == 1:
     h = mnf.recv(comm, 0, tag=7, force_tuple=True)
     assert isinstance(h, tuple) and len(h) == 1
     mnf.send(h[0] * 3, comm, rank=0, tag=7).backward()
-ok("delegate_round_trip")
+passed("delegate_round_trip")
 
 # ---------------------------------------------------------------- pseudo_connect passes gradients
 a = V(data(80, (3,)))
@@ -214,6 +210,4 @@ a2, b2 = mnf.pseudo_connect(None, a * 1, b * 1)
 F.sum(a2 * b2).backward()
 assert_close("pseudo_connect grad a", a.grad, b.array)
 assert_close("pseudo_connect grad b", b.grad, a.array)
-ok("pseudo_connect")
-
-print("DONE", flush=True)
+passed("pseudo_connect")

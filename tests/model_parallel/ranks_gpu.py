@@ -4,7 +4,7 @@ The ``naive`` communicator stages CuPy arrays through the host, so several ranks
 GPU (NCCL would refuse that). Checks that results and gradients stay CuPy arrays and equal the
 same computation on one process: ParallelConvolution2D against Convolution2D, allgather's
 backward, and a send/recv whose receiver has no delegate (the header says the data was CuPy).
-Prints ``CHECK <name> ok`` per check and ``DONE``.
+Prints ``PASS <name>`` per check (tests/support/rank_checks).
 """
 
 from __future__ import annotations
@@ -24,10 +24,6 @@ rank, size = comm.rank, comm.size
 device = chainer.get_device(f"@cupy:{comm.intra_rank % cupy.cuda.runtime.getDeviceCount()}")
 device.use()
 V = chainer.Variable
-
-
-def ok(name: str) -> None:
-    passed(name)
 
 
 def data(seed: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -59,7 +55,7 @@ assert_close("gpu grad x", host(xg.grad), host(xr.grad))
 assert_close("gpu grad W", host(par.W.grad), host(conv.W.grad)[par.local_slice()])
 assert par.b is not None
 assert_close("gpu grad b", host(par.b.grad), host(conv.b.grad)[par.local_slice()])
-ok("gpu_parallel_convolution")
+passed("gpu_parallel_convolution")
 
 # ---------------------------------------------------------------- allgather on CuPy
 xs = [data(10 + k, (k + 1, 2)) for k in range(size)]
@@ -69,7 +65,7 @@ for k in range(size):
     assert_close(f"gpu allgather {k}", host(ys[k].array), xs[k])
 F.sum(sum(F.sum(y) * (k + 1) for k, y in enumerate(ys))).backward()
 assert_close("gpu allgather grad", host(xv.grad), np.full_like(xs[rank], size * (rank + 1)))
-ok("gpu_allgather")
+passed("gpu_allgather")
 
 # ---------------------------------------------------------------- send/recv on CuPy, no delegate
 if rank == 0:
@@ -81,6 +77,4 @@ elif rank == 1:
     assert isinstance(h, chainer.Variable)
     assert_close("gpu recv", host(h.array), data(20, (3,)) * 2)
     F.sum(h * 3).backward()
-ok("gpu_send_recv")
-
-print("DONE", flush=True)
+passed("gpu_send_recv")

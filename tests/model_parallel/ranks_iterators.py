@@ -6,7 +6,7 @@ previous_epoch_detail), equal to a plain SerialIterator; non-masters pass None o
 over other data that must not be read; repeat=False stops everyone at the same step; reset;
 a snapshot written by the master alone loads on every rank and continues identically.
 Synchronized iterator: ranks holding different data draw the same shuffle order.
-Prints ``CHECK <name> ok`` per check and ``DONE``.
+Prints ``PASS <name>`` per check (tests/support/rank_checks).
 """
 
 from __future__ import annotations
@@ -23,10 +23,6 @@ from tests.support.rank_checks import make_comm, passed
 comm = make_comm()
 rank, size = comm.rank, comm.size
 master = size - 1
-
-
-def ok(name: str) -> None:
-    passed(name)
 
 
 def dataset() -> list[tuple[np.ndarray, np.int32]]:
@@ -78,7 +74,7 @@ got = record(it, 10)
 same_everywhere("multi-node batches", got)
 assert got == record(reference(1, 4, shuffle=True), 10), "differs from a plain SerialIterator"
 assert any(step[3] for step in got) and got[-1][2] == 3, "expected to cross epochs"
-ok("multi_node_same_batches")
+passed("multi_node_same_batches")
 
 # ---------------------------------------------------------------- repeat=False stops everyone; reset
 np.random.seed(2)
@@ -92,7 +88,7 @@ it.reset()
 assert it.epoch == 0 and it.epoch_detail == 0.0
 assert [int(t) for _, t in next(it)] == [0, 1, 2, 3, 4]
 same_everywhere("after reset", (it.epoch_detail, it.current_position))
-ok("multi_node_stop_and_reset")
+passed("multi_node_stop_and_reset")
 
 # ---------------------------------------------------------------- snapshot by the master only
 np.random.seed(3)
@@ -118,7 +114,7 @@ resumed = record(fresh, 6)
 assert resumed[:2] == continued[:2]
 assert [step[2:] for step in resumed] == [step[2:] for step in continued]
 same_everywhere("resumed", resumed)
-ok("multi_node_serialize")
+passed("multi_node_serialize")
 
 # ---------------------------------------------------------------- synchronized: same order, own data
 np.random.seed(100 + rank)  # different local seeds: only the broadcast seed may decide the order
@@ -133,7 +129,7 @@ orders.append((sync.epoch, round(sync.epoch_detail, 9), sync.is_new_epoch))
 same_everywhere("synchronized order", orders)
 flat = [i for step in orders[:2] for i in step] + orders[2][:1]
 assert sorted(flat) == list(range(9)) and flat != list(range(9)), f"not a shuffle: {flat}"
-ok("synchronized_order")
+passed("synchronized_order")
 
 # a MultithreadIterator takes the shared sampler too
 threaded = create_synchronized_iterator(
@@ -142,7 +138,7 @@ threaded = create_synchronized_iterator(
 threaded_orders = [[int(t) for _, t in next(threaded)] for _ in range(4)]
 threaded.finalize()
 same_everywhere("synchronized MultithreadIterator order", threaded_orders)
-ok("synchronized_multithread")
+passed("synchronized_multithread")
 
 # a non-shuffling iterator stays as it is; serialize passes through
 plain = create_synchronized_iterator(SerialIterator(own, 4, shuffle=False), comm)
@@ -150,6 +146,4 @@ assert [int(t) for _, t in next(plain)] == [0, 1, 2, 3]
 writer = serializers.DictionarySerializer()
 sync.serialize(writer)
 assert int(writer.target["epoch"]) == sync.epoch
-ok("synchronized_plain_and_serialize")
-
-print("DONE", flush=True)
+passed("synchronized_plain_and_serialize")

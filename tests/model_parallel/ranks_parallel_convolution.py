@@ -4,7 +4,7 @@ For channel counts that divide the number of ranks and that do not (and one wher
 channel), checks the output and the gradients of input, weight slice and bias slice against a
 plain ``Convolution2D`` (relative 1e-5), a two-layer stack (the middle layer's input gradient is
 all-reduced), initialisation from the same seed, lazy ``in_channels``, and the whole-layer
-helpers. Prints ``CHECK <name> ok`` per check and ``DONE``.
+helpers. Prints ``PASS <name>`` per check (tests/support/rank_checks).
 """
 
 from __future__ import annotations
@@ -24,10 +24,6 @@ comm = make_comm()
 rank, size = comm.rank, comm.size
 V = chainer.Variable
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def ok(name: str) -> None:
-    passed(name)
 
 
 def data(seed: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -68,7 +64,7 @@ def check_layer(
     assert_close(f"{name} grad x", x_par.grad, x_ref.grad, RTOL, ATOL)
     assert_close(f"{name} grad W", par.W.grad, conv.W.grad[own], RTOL, ATOL)
     assert_close(f"{name} grad b", par.b.grad, conv.b.grad[own], RTOL, ATOL)
-    ok(name)
+    passed(name)
 
 
 # 4 channels divide 2 ranks, not 3; 5 divide neither; 2 on 3 ranks leaves rank 2 without one.
@@ -92,7 +88,7 @@ assert_close("seeded init W1", full_W1, ref1.W.array, 0, 0)
 assert_close("seeded init b1", full_b1, ref1.b.array, 0, 0)
 assert_close("seeded init W2", full_W2, ref2.W.array, 0, 0)
 assert_close("seeded init b2", full_b2, ref2.b.array, 0, 0)
-ok("seeded_init")
+passed("seeded_init")
 
 x = data(4, (3, 3, 5, 5))
 x_ref, x_par = V(x.copy()), V(x.copy())
@@ -110,7 +106,7 @@ for par, ref in ((par1, ref1), (par2, ref2)):
     assert_close("stack grad W", par.W.grad, ref.W.grad[own], RTOL, ATOL)
     assert par.b is not None
     assert_close("stack grad b", par.b.grad, ref.b.grad[own], RTOL, ATOL)
-ok("two_layers")
+passed("two_layers")
 
 # data input without gradient (first layer): no input all-reduce; weight gradients still right
 par1.cleargrads()
@@ -118,7 +114,7 @@ ref1.cleargrads()
 F.sum(par1(x) * data(6, (3, 5, 5, 5))).backward()
 F.sum(ref1(x) * data(6, (3, 5, 5, 5))).backward()
 assert_close("data input grad W", par1.W.grad, ref1.W.grad[par1.local_slice()], RTOL, ATOL)
-ok("data_input")
+passed("data_input")
 
 # ---------------------------------------------------------------- lazy in_channels, both spellings
 np.random.seed(7)
@@ -134,7 +130,7 @@ np.random.seed(7)
 lazy2 = ParallelConvolution2D(comm, None, 5, 3)
 lazy2(np.zeros((1, 2, 4, 4), np.float32))
 assert_close("lazy init W (None)", lazy2.full_weights()[0], ref.W.array, 0, 0)
-ok("lazy_in_channels")
+passed("lazy_in_channels")
 
 # ---------------------------------------------------------------- from_convolution, nobias, initialW array
 np.random.seed(9)
@@ -151,7 +147,7 @@ assert byarray.b is not None
 assert_close(
     "initial_bias array", byarray.full_weights()[1], np.arange(3.0, dtype=np.float32), 0, 0
 )
-ok("whole_layer_helpers")
+passed("whole_layer_helpers")
 
 # ---------------------------------------------------------------- per-rank snapshots
 np.random.seed(21)
@@ -168,7 +164,7 @@ except ValueError as error:
     assert "snapshot" in str(error) and "per rank" in str(error), error
 else:
     raise AssertionError("loading another rank's slice must fail")
-ok("per_rank_snapshot")
+passed("per_rank_snapshot")
 
 # ---------------------------------------------------------------- float16 end to end
 np.random.seed(11)
@@ -193,7 +189,7 @@ F.sum(yp * w16).backward()
 assert xp_.grad.dtype == np.float16 and par16.W.grad.dtype == np.float16
 assert_close("fp16 grad x", xp_.grad, xr.grad, 1e-2, 1e-2)
 assert_close("fp16 grad W", par16.W.grad, ref16.W.grad[par16.local_slice()], 1e-2, 1e-2)
-ok("float16")
+passed("float16")
 
 # ---------------------------------------------------------------- diverged replicas fail loudly
 # A layer's first call (every call under MNIFY_DEBUG=1) checks its input agrees on all ranks.
@@ -210,7 +206,5 @@ if os.environ.get("MNIFY_DEBUG") == "1":  # later calls are checked in debug mod
     try:
         layer(diverged)
     except CollectiveMismatch:
-        ok("debug_diverged_input")
-ok("diverged_input")
-
-print("DONE", flush=True)
+        passed("debug_diverged_input")
+passed("diverged_input")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.mpirun import run_ranks
+from tests.support.rank_checks import missing
 
 HERE = Path(__file__).resolve().parent
 
@@ -34,6 +35,5 @@ def test_functions_match_single_process(n: int, debug: str) -> None:
     run = run_ranks(n, HERE / "ranks_functions.py", env=env, timeout=240)
     for r in range(n):
         lines = run.rank_lines(r)
-        missing = [c for c in CHECKS if f"PASS {c}" not in lines]
-        assert not missing, f"rank {r} did not pass {missing}\n{run.describe()}"
-        assert "DONE" in lines, run.describe()
+        not_passed = missing(lines, CHECKS)
+        assert not not_passed, f"rank {r} did not pass {not_passed}\n{run.describe()}"

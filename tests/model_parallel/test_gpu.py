@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.mpirun import run_ranks
+from tests.support.rank_checks import missing
 
 HERE = Path(__file__).resolve().parent
 
@@ -20,6 +21,5 @@ def test_model_parallel_on_gpu() -> None:
     run = run_ranks(2, HERE / "ranks_gpu.py", timeout=300)
     for r in range(2):
         lines = run.rank_lines(r)
-        for check in ("gpu_parallel_convolution", "gpu_allgather", "gpu_send_recv"):
-            assert f"PASS {check}" in lines, run.describe()
-        assert "DONE" in lines, run.describe()
+        not_passed = missing(lines, ("gpu_parallel_convolution", "gpu_allgather", "gpu_send_recv"))
+        assert not not_passed, f"rank {r} did not pass {not_passed}\n{run.describe()}"

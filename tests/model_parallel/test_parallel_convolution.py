@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.mpirun import run_ranks
+from tests.support.rank_checks import missing
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,9 +36,8 @@ def test_parallel_convolution_matches_convolution2d(n: int, debug: str) -> None:
     expected = CHECKS + (["debug_diverged_input"] if debug == "1" else [])
     for r in range(n):
         lines = run.rank_lines(r)
-        missing = [c for c in expected if f"PASS {c}" not in lines]
-        assert not missing, f"rank {r} did not pass {missing}\n{run.describe()}"
-        assert "DONE" in lines, run.describe()
+        not_passed = missing(lines, expected)
+        assert not not_passed, f"rank {r} did not pass {not_passed}\n{run.describe()}"
 
 
 def test_channel_counts_cover_every_channel_once() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.mpirun import RankRun, run_ranks
+from tests.support.rank_checks import missing
 
 SCRIPTS = Path(__file__).resolve().parent
 
@@ -27,7 +28,6 @@ def run_script(
     env.update(extra_env or {})
     run = run_ranks(n, SCRIPTS / script, timeout=timeout, env=env)
     for rank in range(n):
-        passed = [line[len("PASS ") :] for line in run.rank_lines(rank) if line.startswith("PASS ")]
-        missing = [name for name in expected if name not in passed]
-        assert not missing, f"rank {rank} did not pass {missing}\n{run.describe()}"
+        not_passed = missing(run.rank_lines(rank), expected)
+        assert not not_passed, f"rank {rank} did not pass {not_passed}\n{run.describe()}"
     return run
