@@ -3,7 +3,7 @@
 #
 # Runs on a machine with a CUDA GPU, CuPy 13/14, numpy 1/2, mpi4py and NCCL -- no Chainer and
 # no network needed -- from the repository root, in at most 7 minutes (every step has its own
-# time limit; a test gets 60 s):
+# time limit, cut to what is left of a 405 s budget for the whole script; a test gets 60 s):
 #   1. what is there (nvidia-smi, versions),
 #   2. preconditions: mpi4py's MPI library loads, CuPy sees a device, NCCL's version, the type
 #      of get_unique_id() (bytes from CuPy 14, a tuple before), whether ncclAvg exists,
@@ -11,11 +11,15 @@
 #      allGather, a group of two), so a library problem is told apart from one of mnify's,
 #   4. the gpu-marked kernel and pure_nccl tests, plus the CPU-side kernel checks,
 #   5. bench/gpu.py (pack+unpack kernels vs device copy, host time apart; pure_nccl's mean vs
-#      a raw NCCL all-reduce; BN statistics vs CuPy; channel gather).
+#      a raw NCCL all-reduce; BN statistics vs CuPy; channel gather),
+#   6. bench/overlap_gpu.py: the overlap scheduler (buckets on a side stream, NCCL) on
+#      ResNet-50-sized gradients behind a stand-in backward; reports the fraction of the
+#      mean's time hidden behind backward (45 s at most).
 # Results go to $OUT (or ./gpu-check-out): env.txt, preconditions.txt, nccl-raw.txt,
-# gpu-tests.log, gpu-junit.xml, bench.log, bench_gpu.json, summary.txt. Exit status: non-zero
-# when a step failed. GPU_CHECK_STEPS="2 3" runs only those steps (tests run steps 1-3 on the
-# CuPy stand-in, so the script's own mistakes are found before a GPU session).
+# gpu-tests.log, gpu-junit.xml, bench.log, bench_gpu.json, overlap.log, bench_overlap_gpu.json,
+# summary.txt. Exit status: non-zero when a step failed. GPU_CHECK_STEPS="2 3" runs only those
+# steps (tests run steps 1-3 and 6 on the CuPy stand-in, so the script's own mistakes are found
+# before a GPU session).
 #
 # pytest and pytest-timeout are needed for step 4. Where the GPU machine has none, prepare them
 # beside the repo on a machine with network (pure-Python wheels, any Python 3):
@@ -34,20 +38,27 @@ summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 failed=0
-want() { [[ " ${GPU_CHECK_STEPS:-1 2 3 4 5} " == *" $1 "* ]]; }
+want() { [[ " ${GPU_CHECK_STEPS:-1 2 3 4 5 6} " == *" $1 "* ]]; }
+# every step's limit is cut to what is left of the whole script's budget (7 minutes, less slack)
+budget_end=$((SECONDS + ${GPU_CHECK_BUDGET_S:-405}))
+limit() {
+    local left=$((budget_end - SECONDS))
+    [ "$left" -lt 5 ] && left=5
+    echo $(($1 < left ? $1 : left))
+}
 
 if want 1; then
 echo "== 1. environment"
 {
     date -u
-    timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
+    timeout "$(limit 20)" nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
     echo "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}"
 } 2>&1 | tee "$out/env.txt"
 fi
 
 if want 2; then
 echo "== 2. preconditions"
-timeout 45 "$py" - <<'EOF' 2>&1 | tee "$out/preconditions.txt"
+timeout "$(limit 45)" "$py" - <<'EOF' 2>&1 | tee "$out/preconditions.txt"
 import sys
 
 print("python", sys.version.split()[0])
@@ -99,7 +110,7 @@ fi
 
 if want 3; then
 echo "== 3. raw one-rank NCCL calls (CuPy only)"
-timeout 60 "$py" - <<'EOF' 2>&1 | tee "$out/nccl-raw.txt"
+timeout "$(limit 60)" "$py" - <<'EOF' 2>&1 | tee "$out/nccl-raw.txt"
 import sys
 
 import cupy
@@ -203,9 +214,9 @@ if "$py" -c "import pytest" 2>/dev/null; then
     if "$py" -c "import pytest_timeout" 2>/dev/null; then
         per_test=(--timeout 60)
     else
-        note "WARNING: pytest-timeout missing: no per-test limit, only the step's 200 s"
+        note "WARNING: pytest-timeout missing: no per-test limit, only the step's 180 s"
     fi
-    timeout 200 "$py" -m pytest -p no:cacheprovider -q -rs ${per_test[@]+"${per_test[@]}"} \
+    timeout "$(limit 180)" "$py" -m pytest -p no:cacheprovider -q -rs ${per_test[@]+"${per_test[@]}"} \
         --junitxml="$out/gpu-junit.xml" "${tests[@]}" 2>&1 | tee "$out/gpu-tests.log"
     tests_rc=${PIPESTATUS[0]}
     note "tests: exit $tests_rc; $(tail -n 1 "$out/gpu-tests.log")"
@@ -223,11 +234,22 @@ fi
 if want 5; then
 echo "== 5. bench/gpu.py"
 # shellcheck disable=SC2086 # MNIFY_BENCH_ARGS is a list of flags (e.g. --repeat 50)
-timeout 100 "$py" bench/gpu.py --json "$out/bench_gpu.json" ${MNIFY_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+timeout "$(limit 90)" "$py" bench/gpu.py --json "$out/bench_gpu.json" ${MNIFY_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
 bench_rc=${PIPESTATUS[0]}
 note "bench: exit $bench_rc"
 grep -E "goal|geometric|ratio" "$out/bench.log" >>"$summary" || true
 [ "$bench_rc" -eq 0 ] || failed=1
+fi
+
+if want 6; then
+echo "== 6. bench/overlap_gpu.py"
+# shellcheck disable=SC2086 # MNIFY_OVERLAP_BENCH_ARGS is a list of flags (e.g. --repeat 20)
+timeout "$(limit 45)" "$py" bench/overlap_gpu.py --json "$out/bench_overlap_gpu.json" \
+    ${MNIFY_OVERLAP_BENCH_ARGS:-} 2>&1 | tee "$out/overlap.log"
+overlap_rc=${PIPESTATUS[0]}
+note "overlap bench: exit $overlap_rc"
+grep -E "hidden fraction|backward:|reduce:|sequential:|overlap:" "$out/overlap.log" >>"$summary" || true
+[ "$overlap_rc" -eq 0 ] || failed=1
 fi
 
 echo "== summary ($out)"
