@@ -32,11 +32,22 @@ def make_comm() -> Any:
 
 
 def assert_close(
-    name: str, actual: Any, expected: Any, rtol: float = 1e-5, atol: float = 1e-12
+    name: str,
+    actual: Any,
+    expected: Any,
+    rtol: float = 1e-5,
+    atol: float = 1e-12,
+    *,
+    same_dtype: bool = False,
 ) -> None:
     """``actual`` equals ``expected`` (same shape) within ``rtol`` relative to the largest
     expected magnitude, or within ``atol`` absolutely (values that are exactly zero on one side
-    and rounding noise on the other); the message names the check."""
+    and rounding noise on the other); the message names the check. ``same_dtype``: ``actual``
+    must also have ``expected``'s dtype (a collective returns the dtype it was given)."""
+    if same_dtype:
+        got_dtype, want_dtype = np.asarray(actual).dtype, np.asarray(expected).dtype
+        if got_dtype != want_dtype:
+            raise AssertionError(f"{name}: dtype {got_dtype} != expected {want_dtype}")
     got = np.asarray(actual, dtype=np.float64)
     want = np.asarray(expected, dtype=np.float64)
     if got.shape != want.shape:

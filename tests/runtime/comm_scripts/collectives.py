@@ -4,8 +4,8 @@ Usage: ``collectives.py NAME[/MODE+MODE] ...`` (communicator names; modes ``smal
 ``MNIFY_SMALL_BUCKETS=1``): 64-byte buckets, so arrays span several buckets; ``mpi``: no
 shared-memory means; ``tinyshm``: a 4 KiB shared-memory budget). Output lines are tagged ``NAME/MODES`` with the modes sorted. Per-rank inputs are known
 functions of the rank, so each rank computes what every collective must return. Prints
-``PASS <name> <check>`` per check and ``DONE <name>`` at the end; any failure raises (the failure
-hook then ends the job).
+``PASS <name> <check>`` per check and ``PASS <name>`` at the end (tests/support/rank_checks), and
+``CLASS``/``SHM`` lines the test reads; any failure raises (the failure hook then ends the job).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from mnify.runtime.communicators import create_communicator, shared_memory  # noqa: E402
+from tests.support.rank_checks import assert_close, passed  # noqa: E402
 
 DTYPES = (np.float16, np.float32, np.float64)
 
@@ -51,15 +52,12 @@ def value(rank: int, shape: tuple[int, ...], dtype: type, salt: int = 0) -> np.n
     return base.reshape(shape).astype(dtype)
 
 
-def close(got: np.ndarray, want: np.ndarray, what: str, tol: float | None = None) -> None:
-    got = np.asarray(got)
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+def close(what: str, got: np.ndarray, want: np.ndarray, tol: float | None = None) -> None:
+    """``assert_close`` with the dtype kept (a collective returns the dtype it was given) and a
+    tolerance for the dtype (float16: 1e-2)."""
     if tol is None:
-        tol = 1e-2 if want.dtype == np.float16 else 1e-6
-    np.testing.assert_allclose(
-        got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol, err_msg=what
-    )
+        tol = 1e-2 if np.dtype(want.dtype) == np.float16 else 1e-6
+    assert_close(what, got, want, rtol=tol, atol=tol, same_dtype=True)
 
 
 def check(name: str, modes: set[str]) -> None:
@@ -71,7 +69,7 @@ def check(name: str, modes: set[str]) -> None:
     tag = f"{name}/{'+'.join(sorted(modes))}" if modes else name
 
     def ok(what: str) -> None:
-        print(f"PASS {tag} {what}", flush=True)
+        passed(f"{tag} {what}")
 
     print(f"CLASS {tag} {comm.name}", flush=True)
 
@@ -86,19 +84,19 @@ def check(name: str, modes: set[str]) -> None:
     for dtype in DTYPES:
         shape = (4, 3)
         want = sum(value(q, shape, np.float64) for q in range(n)).astype(dtype)
-        close(comm.allreduce(value(r, shape, dtype)), want, f"allreduce sum {dtype}")
+        close(f"allreduce sum {dtype}", comm.allreduce(value(r, shape, dtype)), want)
         want_max = np.max([value(q, shape, dtype) for q in range(n)], axis=0)
-        close(comm.allreduce(value(r, shape, dtype), op="max"), want_max, f"allreduce max {dtype}")
+        close(f"allreduce max {dtype}", comm.allreduce(value(r, shape, dtype), op="max"), want_max)
         want_min = np.min([value(q, shape, dtype) for q in range(n)], axis=0)
-        close(comm.allreduce(value(r, shape, dtype), op="min"), want_min, f"allreduce min {dtype}")
+        close(f"allreduce min {dtype}", comm.allreduce(value(r, shape, dtype), op="min"), want_min)
     big = value(r, (1000,), np.float32)  # larger than a small bucket: reduced in pieces
     close(
+        "allreduce chunked",
         comm.allreduce(big),
         sum(value(q, (1000,), np.float64) for q in range(n)).astype(np.float32),
-        "allreduce chunked",
     )
     prod = comm.allreduce(np.array([r + 1.0, 2.0]), op="prod")
-    close(prod, np.array([float(np.prod(np.arange(1, n + 1))), 2.0**n]), "allreduce prod")
+    close("allreduce prod", prod, np.array([float(np.prod(np.arange(1, n + 1))), 2.0**n]))
     ok("allreduce")
 
     for division in (False, True):
@@ -110,7 +108,7 @@ def check(name: str, modes: set[str]) -> None:
             want = sum(value(q, s, np.float64, i) for q in range(n))
             if division:
                 want = want / n
-            close(xs[i], want.astype(d), f"all_reduce[{i}] division={division}")
+            close(f"all_reduce[{i}] division={division}", xs[i], want.astype(d))
     ok("all_reduce")
 
     for dtype in DTYPES:
@@ -119,28 +117,28 @@ def check(name: str, modes: set[str]) -> None:
         if r == n - 1:
             assert xs is not None and len(xs) == n
             for q, x in enumerate(xs):
-                close(x, value(q, (2 + q, 3), dtype), f"gather from {q}")
+                close(f"gather from {q}", x, value(q, (2 + q, 3), dtype))
         else:
             assert xs is None
         ys = comm.allgather(value(r, shape, dtype))
         for q, y in enumerate(ys):
-            close(y, value(q, (2 + q, 3), dtype), f"allgather from {q}")
+            close(f"allgather from {q}", y, value(q, (2 + q, 3), dtype))
     ok("gather/allgather")
 
     # alltoall: rank r sends value(r, (r+1, s+1), salt=s) to rank s
     sent = [value(r, (r + 1, s + 1), np.float32, s) for s in range(n)]
     got = comm.alltoall(sent)
     for q, x in enumerate(got):
-        close(x, value(q, (q + 1, r + 1), np.float32, r), f"alltoall from {q}")
+        close(f"alltoall from {q}", x, value(q, (q + 1, r + 1), np.float32, r))
     ok("alltoall")
 
     root = 1 % n
     parts = [value(root, (q + 2,), np.float16, q) for q in range(n)] if r == root else None
-    close(comm.scatter(parts, root=root), value(root, (r + 2,), np.float16, r), "scatter")
+    close("scatter", comm.scatter(parts, root=root), value(root, (r + 2,), np.float16, r))
     b = comm.bcast(value(7, (2, 5), np.float64) if r == root else None, root=root)
-    close(b, value(7, (2, 5), np.float64), "bcast")
+    close("bcast", b, value(7, (2, 5), np.float64))
     b16 = comm.bcast(value(7, (300,), np.float16) if r == 0 else None)
-    close(b16, value(7, (300,), np.float16), "bcast f16 chunked")
+    close("bcast f16 chunked", b16, value(7, (300,), np.float16))
     ok("scatter/bcast")
 
     # point to point in a ring, arrays then objects, uneven shapes
@@ -152,7 +150,7 @@ def check(name: str, modes: set[str]) -> None:
         else:
             x = comm.recv(source, tag=3)
             comm.send(value(r, (r + 1, 2), np.float16), dest, tag=3)
-        close(x, value(source, (source + 1, 2), np.float16), "send/recv")
+        close("send/recv", x, value(source, (source + 1, 2), np.float16))
         if r % 2 == 0:
             comm.send_obj({"from": r}, dest, tag=4)
             o = comm.recv_obj(source, tag=4)
@@ -166,7 +164,7 @@ def check(name: str, modes: set[str]) -> None:
             for _ in range(n - 1):
                 x = comm.recv(MPI.ANY_SOURCE, tag=6)
                 q = x.shape[0] - 1
-                close(x, value(q, (q + 1, 3), np.float32), f"recv ANY_SOURCE from {q}")
+                close(f"recv ANY_SOURCE from {q}", x, value(q, (q + 1, 3), np.float32))
                 got_from.append(q)
             assert sorted(got_from) == list(range(1, n)), got_from
         else:
@@ -194,9 +192,9 @@ def check(name: str, modes: set[str]) -> None:
         }
     )
     comm.bcast_data(model)
-    close(model.params["/w"].data, value(0, (5, 4), np.float32), "bcast_data w")
-    close(model.params["/b"].data, value(0, (4,), np.float16), "bcast_data b")
-    close(model.params["/big"].data, value(0, (40, 3), np.float64), "bcast_data big")
+    close("bcast_data w", model.params["/w"].data, value(0, (5, 4), np.float32))
+    close("bcast_data b", model.params["/b"].data, value(0, (4,), np.float16))
+    close("bcast_data big", model.params["/big"].data, value(0, (40, 3), np.float64))
     assert model.params["/lazy"].data is None
     ok("bcast_data")
 
@@ -218,9 +216,9 @@ def check(name: str, modes: set[str]) -> None:
             ("/d", (3, 3), np.float64),
         ):
             want = (sum(value(q, shape, np.float64) for q in range(n)) / n).astype(dtype)
-            close(model.params[key].grad, want, f"mean_grad {key} zero_fill={zero_fill}")
+            close(f"mean_grad {key} zero_fill={zero_fill}", model.params[key].grad, want)
         if zero_fill:
-            close(model.params["/none"].grad, np.zeros(4, np.float32), "zero_fill grad")
+            close("zero_fill grad", model.params["/none"].grad, np.zeros(4, np.float32))
         else:
             assert model.params["/none"].grad is None
         assert model.params["/lazy"].grad is None
@@ -236,7 +234,7 @@ def check(name: str, modes: set[str]) -> None:
         model = FakeModel({"/a": Param(np.zeros((6, 5), np.float32), g)})
         comm.multi_node_mean_grad(model)
         want = (sum(value(q, (6, 5), np.float64, step) for q in range(n)) / n).astype(np.float32)
-        close(model.params["/a"].grad, want, f"mean_grad step {step}")
+        close(f"mean_grad step {step}", model.params["/a"].grad, want)
     ok("multi_node_mean_grad")
 
     # allreduce_grad_dtype: float16 buckets for float32 grads
@@ -245,17 +243,17 @@ def check(name: str, modes: set[str]) -> None:
     comm16.multi_node_mean_grad(model)
     want = (sum(value(q, (8,), np.float64) for q in range(n)) / n).astype(np.float32)
     # float16 on the wire: float16 precision, though the grads are float32
-    close(model.params["/a"].grad, want, "allreduce_grad_dtype=float16", tol=1e-2)
+    close("allreduce_grad_dtype=float16", model.params["/a"].grad, want, tol=1e-2)
     comm16.finalize()
     ok("allreduce_grad_dtype")
 
     # ChainerMN's older names and runtime configuration
     model = FakeModel({"/a": Param(value(r, (3,), np.float32), value(r, (3,), np.float32))})
     comm.broadcast_data(model)
-    close(model.params["/a"].data, value(0, (3,), np.float32), "broadcast_data")
+    close("broadcast_data", model.params["/a"].data, value(0, (3,), np.float32))
     comm.allreduce_grad(model)
     want = (sum(value(q, (3,), np.float64) for q in range(n)) / n).astype(np.float32)
-    close(model.params["/a"].grad, want, "allreduce_grad")
+    close("allreduce_grad", model.params["/a"].grad, want)
     with comm.config_scope():
         comm.set_config("allreduce_grad_dtype", np.float64)
         comm.set_config("bucket_bytes", 8)
@@ -263,7 +261,7 @@ def check(name: str, modes: set[str]) -> None:
         assert comm.get_config("allreduce_grad_dtype") == np.float64
         model.params["/a"].grad = value(r, (3,), np.float32)
         comm.multi_node_mean_grad(model)
-        close(model.params["/a"].grad, want, "mean_grad with float64 buckets of 8 bytes")
+        close("mean_grad with float64 buckets of 8 bytes", model.params["/a"].grad, want)
     assert not comm.within_config_scope
     assert comm.get_config() == {
         "allreduce_grad_dtype": None,
@@ -278,9 +276,9 @@ def check(name: str, modes: set[str]) -> None:
     members = [q for q in range(n) if q % 2 == r % 2]
     assert (sub.rank, sub.size) == (members.index(r), len(members))
     close(
+        "split allreduce",
         sub.allreduce(np.array([float(r)])),
         np.array([float(sum(members))]),
-        "split allreduce",
     )
     assert sub.allgather_obj(r) == members
     sub.finalize()
@@ -295,7 +293,7 @@ def check(name: str, modes: set[str]) -> None:
         pass
     else:
         raise AssertionError("a finalized communicator must refuse collectives")
-    print(f"DONE {tag}", flush=True)
+    passed(tag)
 
 
 if __name__ == "__main__":
