@@ -253,6 +253,11 @@ CHEAP_METHODS = frozenset(
         "items",
         "flush",
         "write",
+        # writing a row through csv.writer/DictWriter, closing a file
+        "writerow",
+        "writerows",
+        "writeheader",
+        "close",
     }
 )
 
@@ -512,6 +517,11 @@ IMAGE_FACTORIES = frozenset({"PIL.Image.fromarray", "PIL.Image.new", "PIL.Image.
 # open() modes that write.
 WRITE_MODES = ("w", "a", "x", "+")
 OPEN_FUNCTIONS = frozenset({"builtins.open", "io.open"})
+# Building the graph to dump it (what the dump_graph extension does on rank 0): one walk over
+# the last loss's graph, bookkeeping next to a training step.
+GRAPH_DUMPERS = frozenset({"chainer.computational_graph.build_computational_graph"})
+# Objects that write rows through a file object they are given.
+ROW_WRITER_FACTORIES = frozenset({"csv.writer", "csv.DictWriter"})
 # Creating a directory on every rank is harmless with exist_ok (lint does not flag it; the
 # converter still puts result-directory creation on rank 0 with the rest of the writing).
 DIRECTORY_MAKERS = frozenset({"os.makedirs", "os.mkdir"})

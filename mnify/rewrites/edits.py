@@ -103,10 +103,18 @@ class EditPlan:
     def is_guarded(self, stmt: cst.BaseStatement) -> bool:
         return id(stmt) in self.guard
 
+    def else_names(self, run: Sequence[cst.BaseStatement]) -> tuple[str, ...]:
+        """The names a run of guarded statements binds on rank 0 only, in order, once each."""
+        names: dict[str, None] = {}
+        for stmt in run:
+            names.update(dict.fromkeys(self.guard[id(stmt)].else_names))
+        return tuple(names)
+
     def guard_runs(self, body: Sequence[cst.BaseStatement]) -> list[list[int]]:
         """Which guarded statements of one original block share an ``if``: runs of neighbours
-        (indices into ``body``) with the same guard key, nothing inserted between them, and no
-        ``else`` before the last. Decided from the original siblings alone."""
+        (indices into ``body``) with the same guard key and nothing inserted between them.
+        Decided from the original siblings alone. The run's ``else`` binds None to every name
+        its statements bind on rank 0 only (:meth:`else_names`)."""
         runs: list[list[int]] = []
         for i, stmt in enumerate(body):
             guard = self.guard.get(id(stmt))
@@ -117,7 +125,6 @@ class EditPlan:
                 prev_guard = self.guard[id(prev)]
                 if (
                     prev_guard.key == guard.key
-                    and not prev_guard.else_names
                     and not self.after.get(id(prev))
                     and not self.before.get(id(stmt))
                 ):
@@ -223,10 +230,10 @@ class ApplyEdits(cst.CSTTransformer):
                 inner = [updated[j] for j in run]
                 lead = _leading(inner[0])
                 inner[0] = inner[0].with_changes(leading_lines=())
-                last_guard = plan.guard[id(last)]
+                names = plan.else_names([original[j] for j in run])
                 orelse = None
-                if last_guard.else_names:
-                    body = cst.IndentedBlock([guard_else(last_guard.else_names)])
+                if names:
+                    body = cst.IndentedBlock([guard_else(names)])
                     orelse = cst.Else(body=body)
                 made = cst.If(
                     test=rank0_test(plan.comm),

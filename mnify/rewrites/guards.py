@@ -23,6 +23,7 @@ from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import Guard, expression
 from mnify.rewrites.facts import CallFact
+from mnify.rewrites.file_handles import HandleFamily, families
 from mnify.rewrites.registry import rewrite
 from mnify.syntax import argument, argument_node, assigned_in, mentions_rank, names_in
 
@@ -331,8 +332,53 @@ def _writing_extensions(ctx: FileContext) -> set[str]:
     return found
 
 
+def _plan_handles(ctx: FileContext) -> list[HandleFamily]:
+    """Guard each family of write handles as a whole (``file_handles``); the families guarded."""
+    opens = {id(c.node) for c in ctx.facts.calls if _is_open_for_writing(ctx, c.node)}
+    planned: list[HandleFamily] = []
+    for family in families(ctx.facts, ctx.module, opens):
+        stmts = [*family.bindings, *family.uses]
+        block = ctx.facts.block_of.get(id(family.bindings[0]))
+        func = block.func if block is not None else None
+        if (
+            any(ctx.before_comm_exists(s) or ctx.reaches_collective(s) for s in stmts)
+            or any(ctx.suppressed(s, "rank0-guard", "MN402") for s in stmts)
+            or (ctx.options.only_codes is not None and "MN402" not in ctx.options.only_codes)
+            or not ctx.visible(func)
+            or ctx.comm_at(func, "open") is None
+        ):
+            continue
+        for stmt in stmts:
+            if ctx.on_rank0_already(stmt) or ctx.plan.is_guarded(stmt):
+                continue
+            # the other ranks bind None (one `else` per run of guarded neighbours)
+            names = (_bound_name(stmt),) if stmt in family.bindings else ()
+            ctx.plan.guard_stmt(stmt, Guard(RANK0.key, names))
+        for stmt in family.bindings:
+            if ctx.plan.is_guarded(stmt):
+                ctx.note(
+                    stmt,
+                    "rank0-guard",
+                    "changed",
+                    "file opened for writing on rank 0 only (the other ranks bind None), and "
+                    "every write through it guarded",
+                    "MN402",
+                    claim=("guarded", stmt),
+                )
+        planned.append(family)
+    return planned
+
+
+def _bound_name(stmt: cst.BaseStatement) -> str:
+    assert isinstance(stmt, cst.SimpleStatementLine)
+    small = stmt.body[0]
+    assert isinstance(small, cst.Assign) and isinstance(small.targets[0].target, cst.Name)
+    return small.targets[0].target.value
+
+
 @rewrite("rank0-guard", order=80, fixes=("MN401", "MN402", "MN902"), code="MN806")
 def plan(ctx: FileContext) -> None:
+    _plan_handles(ctx)
     ctx.writing_extensions = _writing_extensions(ctx)
     for name in sorted(ctx.writing_extensions):
         node = ctx.facts.module_functions.get(name) or ctx.facts.classes.get(name)

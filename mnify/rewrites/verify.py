@@ -208,7 +208,7 @@ class _Checker:
                             f"{_describe(o[0])} moved from under {here} to under "
                             f"{' > '.join(under)} (an unplanned rank guard)",
                         )
-                    names = got
+                    names = (*names, *(n for n in got if n not in names))
                     self.compare(o, piece, under)
                     i += 1
                 self._check_else(guard, names)

@@ -217,10 +217,10 @@ class DivergentWorkBeforeTimedCollective(Rule):
 
     "Doing work": the ``if`` (either branch) contains a loop or an outermost call (not one
     nested in another call's arguments) other than cheap bookkeeping (builtins such as
-    ``print``/``len``, ``extend``/``append``/``format``/``write``/``flush``/logging methods,
+    ``print``/``len``, ``extend``/``append``/``format``/``write``/``flush``/``writerow``/``close``/logging methods,
     extension constructors, ``create_empty_dataset``, ``chainer.links`` constructors and classes
-    defined in the file, ``os.path``/``os.makedirs``, and writing a file: ``open``, ``np.save``,
-    ``json``/``pickle`` dumps, ``savefig`` and the serializers — what rank 0 alone does as a
+    defined in the file, ``os.path``/``os.makedirs``/``os.mkdir``, and writing a file: ``open``, ``csv`` writers, ``np.save``,
+    ``json``/``pickle`` dumps, ``savefig``, the serializers and building the computational graph to dump it — what rank 0 alone does as a
     matter of course), and contains
     no collective itself (those are MN301's business). ``rank >= 0``/``rank < 0`` tests are the
     same on every rank and never count."""
@@ -354,6 +354,9 @@ class DivergentWorkBeforeTimedCollective(Rule):
                 or name.startswith(("logging.", "os.path.", "os.makedirs"))
                 or N.is_file_writer(name)
                 or name in N.OPEN_FUNCTIONS
+                or name in N.ROW_WRITER_FACTORIES
+                or name in N.GRAPH_DUMPERS
+                or name in N.DIRECTORY_MAKERS
             ):
                 return False
         func = call.func
