@@ -25,6 +25,7 @@ caller on parameters that were not yet in sync) still skips that one step.
 from __future__ import annotations
 
 import copy
+import os
 from typing import TYPE_CHECKING, Any
 
 import chainer
@@ -35,6 +36,9 @@ from mnify.runtime.overlap_hooks import OverlapEngine, OverlapStats
 if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
 
+
+# "1" or "0": what overlap=None means (default: on for pure_nccl only)
+OVERLAP_ENV = "MNIFY_OVERLAP"
 
 ParamSignature = tuple[tuple[str, tuple[int, ...] | None], ...]
 
@@ -292,10 +296,15 @@ def create_multi_node_optimizer(
     on for ``pure_nccl`` (without double buffering), off elsewhere -- on CPU ranks the
     reduction and backward compete for the same cores (bench/overlap.py); True/False force it.
     It needs ``zero_fill=True`` (every rank must reduce the same buckets).
+    ``MNIFY_OVERLAP=1`` (or ``0``) in the environment changes what None means, everywhere.
     """
     name = getattr(communicator, "name", None)
     if overlap is None:
-        overlap = name == "pure_nccl" and not double_buffering and zero_fill
+        forced = os.environ.get(OVERLAP_ENV, "").strip()
+        if forced in ("0", "1"):
+            overlap = forced == "1" and not double_buffering and zero_fill
+        else:
+            overlap = name == "pure_nccl" and not double_buffering and zero_fill
     elif overlap and double_buffering:
         raise ValueError("overlap=True and double_buffering=True exclude each other")
     elif overlap and not zero_fill:

@@ -15,6 +15,8 @@ import pytest
 from mnify.runtime.communicators.buckets import place_scale
 from mnify.runtime.overlap import BucketScheduler
 from tests.runtime.chainer_scripts.launch import run_script
+from tests.runtime.test_parity import CHECKS as PARITY_CHECKS
+from tests.support.mpirun import run_ranks
 
 CHECKS = [
     "MLP with a shared layer and an unused one, 20 steps",
@@ -118,3 +120,48 @@ def test_wait_fills_arrays_never_ready_and_writes_back_strided_ones() -> None:
 
 def test_the_scale_of_a_mean_goes_before_the_sum_on_mpi() -> None:
     assert place_scale(1 / 2, np.dtype(np.float32)).before == 0.5
+
+
+HANG = r"""
+import time
+import chainer, chainer.functions as F, chainer.links as L
+import numpy as np
+from mnify.runtime.communicators import create_communicator
+from mnify.runtime.optimizers import create_multi_node_optimizer
+
+comm = create_communicator("flat")
+comm.set_config("bucket_bytes", 256)
+model = chainer.Sequential(L.Linear(4, 8), F.tanh, L.Linear(8, 2))
+opt = create_multi_node_optimizer(chainer.optimizers.SGD(), comm, overlap=True)
+opt.setup(model)
+x = np.ones((3, 4), np.float32)
+for step in range(4):
+    if step == 2 and comm.rank == comm.size - 1:
+        time.sleep(40)
+    opt.update(lambda: F.sum(model(x)))
+    print("STEP", step, "started in backward", opt.overlap_stats.started_in_backward, flush=True)
+print("END", comm.rank)
+"""
+
+
+@pytest.mark.mpi
+def test_watchdog_bounds_the_overlapped_wait_and_names_the_late_rank() -> None:
+    """Buckets already started from backward, a rank that never comes: the wait before the
+    update raises CollectiveTimeout naming it, and the job ends instead of hanging."""
+    run = run_ranks(2, HANG, timeout=60, env={"MNIFY_WATCHDOG_TIMEOUT": "2"}, check=False)
+    assert not run.timed_out and run.returncode != 0, run.describe()
+    assert "CollectiveTimeout" in run.output, run.describe()
+    assert "rank(s) 1 never arrived" in run.output, run.describe()
+    # rank 0 had started buckets from backward in the step that timed out
+    assert any(line.startswith("STEP 1 started in backward") for line in run.rank_lines(0))
+    assert "END 0" not in run.rank_lines(0)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("n_ranks", "comm"), [(2, "naive"), (3, "flat")])
+def test_parity_suite_through_the_overlapped_path(n_ranks: int, comm: str) -> None:
+    """The data-parallel parity checks (MultiNodeBatchNormalization's collectives inside
+    backward, lazy layers, a Trainer) with ``MNIFY_OVERLAP=1``: every optimizer overlaps."""
+    run_script(
+        n_ranks, "parity_checks.py", PARITY_CHECKS, comm=comm, extra_env={"MNIFY_OVERLAP": "1"}
+    )
