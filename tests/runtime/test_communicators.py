@@ -49,7 +49,7 @@ def test_fake_hosts_hierarchical_and_flat(hosts: str, debug_and_watchdog: bool) 
     """Hierarchical over faked hosts, with 64-byte buckets so every array spans several
     buckets; the second case also runs every collective under MNIFY_DEBUG and the watchdog."""
     n = len(hosts.split(","))
-    env = {"MNIFY_FAKE_HOSTS": hosts}
+    env = {"MNIFY_TEST_HOSTS": hosts}
     if debug_and_watchdog:
         env |= {"MNIFY_DEBUG": "1", "MNIFY_WATCHDOG_TIMEOUT": "60"}
     names = ["hierarchical/small", "hierarchical/mpi+small"]

@@ -15,17 +15,28 @@ from typing import Any
 import numpy as np
 
 
-def make_comm() -> Any:
-    """The communicator named by ``MNIFY_TEST_COMM`` (default ``naive``).
+def fake_hosts() -> None:
+    """Pretend the ranks of one machine run on several hosts (through ``MNIFY_HOSTNAME``), so
+    the hierarchical communicator's intra- and inter-host paths both run; call it before
+    anything reads the host name (:func:`make_comm` does).
 
-    ``MNIFY_TEST_RANKS_PER_HOST=k`` pretends ranks ``0..k-1`` share one host, ``k..2k-1`` the
-    next, and so on (through ``MNIFY_HOSTNAME``), so the hierarchical communicator's intra- and
-    inter-host paths both run on one machine.
+    ``MNIFY_TEST_RANKS_PER_HOST=k``: ranks ``0..k-1`` share one host, ``k..2k-1`` the next, and
+    so on. ``MNIFY_TEST_HOSTS="0,1,1"``: rank ``r`` is on the host its ``r``-th entry numbers (any
+    layout, uneven or interleaved).
     """
+    world_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     per_host = os.environ.get("MNIFY_TEST_RANKS_PER_HOST")
+    layout = os.environ.get("MNIFY_TEST_HOSTS")
     if per_host:
-        world_rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
         os.environ["MNIFY_HOSTNAME"] = f"fakehost{world_rank // int(per_host)}"
+    elif layout:
+        os.environ["MNIFY_HOSTNAME"] = f"fakehost{layout.split(',')[world_rank]}"
+
+
+def make_comm() -> Any:
+    """The communicator named by ``MNIFY_TEST_COMM`` (default ``naive``), on the hosts
+    :func:`fake_hosts` pretends."""
+    fake_hosts()
     from mnify import runtime as mn
 
     return mn.create_communicator(os.environ.get("MNIFY_TEST_COMM", "naive"))

@@ -13,18 +13,15 @@ from __future__ import annotations
 import os
 import sys
 
-# Fake hosts before anything reads the host name: MNIFY_FAKE_HOSTS="0,0,1,1" gives rank r the
-# host name "host<value r>".
-_fake = os.environ.get("MNIFY_FAKE_HOSTS")
-if _fake:
-    _r = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    os.environ["MNIFY_HOSTNAME"] = "host" + _fake.split(",")[_r]
+from tests.support.rank_checks import assert_close, fake_hosts, passed
+
+# before anything reads the host name (MNIFY_TEST_HOSTS="0,0,1,1": two hosts of two ranks)
+fake_hosts()
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from mnify.runtime.communicators import create_communicator, shared_memory  # noqa: E402
-from tests.support.rank_checks import assert_close, passed  # noqa: E402
 
 DTYPES = (np.float16, np.float32, np.float64)
 
