@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from mnify.launch import stragglers, timeline_merge
-from tests.support.mpirun import run_ranks
+from tests.support.mpirun import RankRun, run_ranks
+from tests.support.rank_checks import missing
 
 pytestmark = pytest.mark.mpi
 
@@ -27,6 +28,12 @@ def mnify_timeline(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(MNIFY), "timeline", *args], capture_output=True, text=True, timeout=120
     )
+
+
+def assert_passed(run: RankRun, n: int, name: str) -> None:
+    """Every rank of ``run`` reported ``name`` passed (tests/support/rank_checks)."""
+    for r in range(n):
+        assert not missing(run.rank_lines(r), [name]), f"rank {r}\n{run.describe()}"
 
 
 def x_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
@@ -96,7 +103,8 @@ def test_every_collective_recorded_alike_on_every_rank(
         env={**QUIET, "MNIFY_TIMELINE": str(ranks_dir), "MNIFY_SHARED_MEMORY": shared_memory},
         timeout=180,
     )
-    assert run.output.count("WRAPPED True") == 2 and run.output.count("DONE") == 2
+    assert run.output.count("WRAPPED True") == 2
+    assert_passed(run, 2, "collectives")
     merged = timeline_merge.merge_directory(ranks_dir)
     trace = merged.trace
     assert timeline_merge.validate(trace) == [] and merged.ranks == [0, 1]
@@ -149,7 +157,8 @@ def test_nothing_is_recorded_unless_every_rank_records(tmp_path: Path) -> None:
         env={**QUIET, "MNIFY_TIMELINE": str(ranks_dir)},
         timeout=180,
     )
-    assert run.output.count("WRAPPED False") == 2 and run.output.count("DONE") == 2
+    assert run.output.count("WRAPPED False") == 2
+    assert_passed(run, 2, "collectives")
     assert "MNIFY_TIMELINE is set on 1 of 2 ranks" in run.stderr
     # rank 1 made its file before the ranks compared notes; it holds no event
     assert [p.name for p in ranks_dir.iterdir()] == ["rank-1.timeline"]
@@ -165,7 +174,7 @@ def test_gpu_communicator_spans_on_the_cuda_stand_in(tmp_path: Path) -> None:
     run = run_ranks(
         2, SCRIPTS / "gpu_spans.py", env={**QUIET, "MNIFY_TIMELINE": str(ranks_dir)}, timeout=180
     )
-    assert run.output.count("DONE") == 2
+    assert_passed(run, 2, "gpu spans")
     merged = timeline_merge.merge_directory(ranks_dir)
     assert timeline_merge.validate(merged.trace) == []
     events = x_events(merged.trace)

@@ -4,7 +4,7 @@
 
 ``--only-rank1``: rank 0 drops ``MNIFY_TIMELINE`` before making its communicator (the variable
 reached only some ranks). Prints ``WRAPPED True|False`` (whether the collectives were wrapped)
-and ``DONE``.
+and ``PASS collectives`` at the end (tests/support/rank_checks).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from mnify.runtime import timeline
 from mnify.runtime.communicators import create_communicator
+from tests.support.rank_checks import passed
 
 
 class Param:
@@ -60,7 +61,7 @@ def main() -> None:
     sub.allreduce_obj(1)
     sub.barrier()
     comm.barrier()
-    print("DONE", flush=True)
+    passed("collectives")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """pure_nccl with the timeline on, on the CPU stand-in for CuPy and NCCL (tests/support/fakecupy,
-first on sys.path; the CUDA kernels replaced by their numpy twins). Prints ``DONE``."""
+first on sys.path; the CUDA kernels replaced by their numpy twins). Prints ``PASS gpu spans``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import mnify_fake_device  # noqa: E402, F401
 
 from mnify.runtime import timeline  # noqa: E402
 from mnify.runtime.communicators import create_communicator  # noqa: E402
+from tests.support.rank_checks import passed  # noqa: E402
 
 
 class Param:
@@ -37,7 +38,7 @@ def main() -> None:
         timeline.apply_begins()
         timeline.update_ends()
     comm.barrier()
-    print("DONE", flush=True)
+    passed("gpu spans")
 
 
 if __name__ == "__main__":
