@@ -8,7 +8,9 @@ the device each rank picks and selects (every GPU visible, or one per rank throu
 CUDA_VISIBLE_DEVICES), bucket packing with the 1/size scale (ncclAvg where NCCL has it) and the
 fp16 wire dtype, strided gradients copied before the side stream's event, padding for uneven
 allgathers, the root-decides header of bcast, in-place bcast_data, the fallbacks to the MPI
-path, the watchdog wait, and finalize. Real GPUs: see tests/gpu and scripts/gpu_check.sh.
+path, the watchdog wait, and finalize. Each rank reports ``PASS <check>``
+(tests/support/rank_checks) and every rank must pass rank 0's list, in order. Real GPUs: see
+tests/gpu and scripts/gpu_check.sh.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ import mnify_fake_device
 
 from mnify.runtime.communicators import create_communicator
 from mnify.runtime.communicators.pure_nccl import PureNcclCommunicator, nccl_status
+from tests.support.rank_checks import passed
 
 calls = cupy.cuda.nccl.NcclCommunicator.calls
 
 def check(name, cond, detail=""):
     if not cond:
         raise AssertionError(f"{name} failed on rank {comm.rank}: {detail}")
-    print("CHECK", name)
+    passed(name)
 
 assert nccl_status()[0], nccl_status()
 comm = create_communicator("pure_nccl")
@@ -46,7 +49,7 @@ check("device selected", cupy.cuda.Device().id == comm.device_id)
 check("lazy", calls == [], calls)
 avg = cupy.cuda.nccl.get_version() >= 21000
 mean_op = ":avg" if avg else ""
-print("CHECK cupy", cupy.__version__.split(".")[0], "ncclAvg", avg)
+print("CUPY", cupy.__version__.split(".")[0], "ncclAvg", avg)
 
 class P:
     def __init__(self, data, grad):
@@ -193,12 +196,12 @@ def test_pure_nccl_logic_on_fake_devices(ranks: int, cupy_version: str, nccl_ver
     if ranks == 2:
         env |= {"MNIFY_WATCHDOG_TIMEOUT": "60", "MNIFY_DEBUG": "1"}
     run = run_ranks(ranks, f"FAKE = {str(FAKE)!r}\n" + SCRIPT, timeout=180, env=env)
-    expected = [line for line in run.rank_lines(0) if line.startswith("CHECK")]
+    expected = [line for line in run.rank_lines(0) if line.startswith("PASS ")]
     assert len(expected) > 30, run.output
     major, avg = cupy_version.split(".")[0], int(nccl_version) >= 21000
-    assert f"CHECK cupy {major} ncclAvg {avg}" in expected, run.output
+    assert f"CUPY {major} ncclAvg {avg}" in run.rank_lines(0), run.output
     for r in range(1, ranks):
-        assert [ln for ln in run.rank_lines(r) if ln.startswith("CHECK")] == expected, run.output
+        assert [ln for ln in run.rank_lines(r) if ln.startswith("PASS ")] == expected, run.output
 
 
 ISOLATED = r"""
