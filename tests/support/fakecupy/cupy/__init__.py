@@ -127,8 +127,10 @@ class _OpaqueArray:
     """``FAKE_CUPY_OPAQUE_ARRAYS=1``: a device array numpy cannot read, as CuPy's.
 
     Holds host memory standing in for the device's; indexing gives views or copies as numpy's
-    (and CuPy's) indexing does, item assignment takes device arrays, host arrays (an upload) or
-    scalars. Anything that would hand it to numpy raises CuPy's ``TypeError``.
+    (and CuPy's) indexing does. Item assignment takes device arrays and scalars; a non-scalar
+    numpy array is refused with CuPy's ``ValueError`` (CuPy routes it to ``fill``), so uploads
+    go through ``cupy.asarray`` or ``.set()``. Anything that would hand the array to numpy
+    raises CuPy's ``TypeError``.
     """
 
     def __init__(self, memory: np.ndarray, device_id: int) -> None:
@@ -165,9 +167,18 @@ class _OpaqueArray:
         return _OpaqueArray(self._memory[_device_key(key)], self._device_id)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if isinstance(value, np.ndarray):
-            TRANSFERS["upload"] += 1
+        if isinstance(value, np.ndarray) and value.shape != ():
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
         self._memory[_device_key(key)] = _memory(value)
+
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        """Copy host ``arr`` (same shape) into this array: an upload."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"Only numpy.ndarray can be set to cupy.ndarray, got {type(arr)}")
+        if arr.shape != self.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        TRANSFERS["upload"] += 1
+        self._memory[...] = arr
 
     def copy(self) -> _OpaqueArray:
         return _OpaqueArray(self._memory.copy(), self._device_id)
