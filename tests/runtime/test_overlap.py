@@ -7,6 +7,7 @@ under the watchdog and in debug mode. Single-process tests cover the Chainer-fre
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 from mnify.runtime.communicators.buckets import place_scale
 from mnify.runtime.overlap import BucketScheduler
+from mnify.runtime.timeline import Category, rank_file, read_file
 from tests.runtime.chainer_scripts.launch import run_script
 from tests.runtime.test_parity import CHECKS as PARITY_CHECKS
 from tests.support.mpirun import run_ranks
@@ -165,3 +167,38 @@ def test_parity_suite_through_the_overlapped_path(n_ranks: int, comm: str) -> No
     run_script(
         n_ranks, "parity_checks.py", PARITY_CHECKS, comm=comm, extra_env={"MNIFY_OVERLAP": "1"}
     )
+
+
+TIMELINE = r"""
+import chainer, chainer.functions as F, chainer.links as L
+import numpy as np
+from mnify.runtime.communicators import create_communicator
+from mnify.runtime.optimizers import create_multi_node_optimizer
+
+comm = create_communicator("flat")
+comm.set_config("bucket_bytes", 256)
+model = chainer.Sequential(L.Linear(4, 8), F.tanh, L.Linear(8, 8), F.tanh, L.Linear(8, 2))
+opt = create_multi_node_optimizer(chainer.optimizers.SGD(), comm, overlap=True)
+opt.setup(model)
+x = np.ones((3, 4), np.float32)
+for step in range(5):
+    opt.update(lambda: F.sum(model(x)))
+print("BUCKETS", opt.overlap_stats.buckets, "STEPS", opt.overlap_stats.steps, flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_timeline_records_the_overlapped_buckets(tmp_path: Path) -> None:
+    run = run_ranks(2, TIMELINE, timeout=60, env={"MNIFY_TIMELINE": str(tmp_path)})
+    line = next(x for x in run.rank_lines(0) if x.startswith("BUCKETS"))
+    buckets, steps = int(line.split()[1]), int(line.split()[3])
+    for rank in range(2):
+        events = read_file(rank_file(tmp_path, rank)).events
+        ours = [e for e in events if e.name == "overlap bucket"]
+        assert len(ours) == buckets * steps, (len(ours), buckets, steps)
+        assert all(e.cat == Category.BUCKET and e.end is not None for e in ours)
+        updates = [e for e in events if e.cat == Category.UPDATE]
+        # every bucket lies inside its update
+        for e in ours:
+            u = next(u for u in updates if u.step == e.step)
+            assert u.start <= e.start <= e.end and (u.end is None or e.end <= u.end)
