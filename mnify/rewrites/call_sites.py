@@ -22,7 +22,7 @@ from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext, Lift, LiftKind
 from mnify.rewrites.edits import Guard, statement
 from mnify.rewrites.facts import CallFact
-from mnify.rewrites.optimizer import wrap_call
+from mnify.rewrites.optimizer import names_module, wrap_call
 
 _WRAPPERS: dict[LiftKind, tuple[str, str]] = {
     # kind -> (runtime name, how the report says it)
@@ -156,19 +156,6 @@ def plan_project(contexts: Mapping[str, FileContext]) -> None:
                 _models_built_elsewhere(ctx, lifts)
 
 
-def _names_module(ctx: FileContext, expr: cst.BaseExpression, module: str) -> bool:
-    """``expr`` names the module ``module`` (``chainer.optimizers``, ``O`` imported as it)."""
-    if isinstance(expr, cst.Name):
-        return ctx.facts.imported_modules.get(expr.value) == module
-    if isinstance(expr, cst.Attribute):
-        return ctx.code(expr) == module or (
-            isinstance(expr.value, cst.Name)
-            and ctx.facts.imported_modules.get(expr.value.value, "") + "." + expr.attr.value
-            == module
-        )
-    return False
-
-
 def _from_optimizer_table(ctx: FileContext, call: CallFact) -> bool:
     """``OPTIMIZERS[name](cfg)``: a call of an entry of a dict (of lambdas or functions)
     whose values build optimizers."""
@@ -191,7 +178,7 @@ def _optimizers_built_by_name(ctx: FileContext) -> None:
         if not ctx.visible(call.func) or call.stmt is None:
             continue
         if not any(
-            _names_module(ctx, a.value, vocab.OPTIMIZERS_MODULE) for a in call.node.args
+            names_module(ctx, a.value, vocab.OPTIMIZERS_MODULE) for a in call.node.args
         ) and not _from_optimizer_table(ctx, call):
             continue
         if vocab.is_multi_node_optimizer_factory(call.parent_qname) or ctx.suppressed(

@@ -305,5 +305,11 @@ class FileContext:
             return False
         if isinstance(scope, cst.ClassDef) and kind == "rank0":
             return False  # a method's writes cannot be moved to the class's construction
-        self.lifts.append(Lift(scope.name.value, kind, label, node, self.module_name))
+        name = scope.name.value
+        for lift in self.lifts:
+            if (lift.name, lift.kind, lift.module) == (name, kind, self.module_name):
+                if label not in lift.label.split(" or "):
+                    lift.label = f"{lift.label} or {label}"  # built by if/elif on a name
+                return True
+        self.lifts.append(Lift(name, kind, label, node, self.module_name))
         return True

@@ -349,6 +349,17 @@ def _plan_group(
             f"and keeps its slice by index ({index_of}), so nothing is pickled",
         )
     label = ", ".join(_in_order(ordered, body, defs))
+
+    def scattered(names: list[str]) -> str:
+        """What the report says is done to ``names``: the function that really shards each."""
+        by_scatter = [d for d in names if d not in by_index]
+        by_slice = [d for d in names if d in by_index]
+        parts = [f"scatter {', '.join(by_scatter)} with {scatter}"] if by_scatter else []
+        if by_slice:
+            parts.append(f"slice {', '.join(by_slice)} by {index_of}")
+        return "; ".join(parts)
+
+    said = scattered(_in_order(ordered, body, defs))
     if not scatters:
         ctx.note(site, "dataset", "changed", f"scatter {label} where the iterators take it")
         if not defs:
@@ -365,7 +376,7 @@ def _plan_group(
             )
             return
         ctx.plan.insert_before(body[item.first_iterator], scatters)
-        ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+        ctx.note(site, "dataset", "changed", said)
         return
     start, end = defs[0], defs[-1]
     anchor = ctx.entry.anchor if ctx.entry is not None else None
@@ -379,7 +390,7 @@ def _plan_group(
             "datasets are loaded before the communicator exists: every rank loads them, "
             "rank 0's copy is scattered",
         )
-        ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+        ctx.note(site, "dataset", "changed", said)
         return
     first = item.first_iterator
     readers = [
@@ -402,13 +413,14 @@ def _plan_group(
             why = "a TransformDataset is built on every rank and sliced by index"
         else:
             why = "those lines also define what every rank needs"
-        ctx.note(
-            body[start],
-            "dataset",
-            "info",
-            f"every rank loads the data ({why}); rank 0's copy is scattered",
+        shared = [d for d in ordered if d not in by_index]
+        then = (
+            f"rank 0's copy of {', '.join(shared)} is scattered"
+            if shared
+            else "each rank keeps its own slice"
         )
-        ctx.note(site, "dataset", "changed", f"scatter {label} with {scatter}")
+        ctx.note(body[start], "dataset", "info", f"every rank loads the data ({why}); {then}")
+        ctx.note(site, "dataset", "changed", said)
         return
     for run in _runs(ctx, units):
         names: list[str] = []
@@ -430,9 +442,7 @@ def _plan_group(
             claim=claim,
         )
     for name in ordered:
-        ctx.note(
-            site, "dataset", "changed", f"scatter {name} with {scatter}", claim=("scattered", name)
-        )
+        ctx.note(site, "dataset", "changed", scattered([name]), claim=("scattered", name))
 
 
 Unit = tuple[cst.BaseStatement, set[str]]
@@ -606,6 +616,8 @@ def _classify(
     if isinstance(stmt, cst.SimpleStatementLine):
         bound = assigned_in([stmt])
         if not bound & wanted:
+            if _is_print(ctx, stmt):
+                return [(stmt, set())]  # says what was loaded: rank 0's, with the loading
             return None  # reads a dataset without loading it
         if (bound - wanted) & later:
             return None  # also defines something the code after it needs
@@ -615,6 +627,7 @@ def _classify(
         return None
     inner: list[Unit] = []
     whole = True
+    rest: list[set[str]] = []  # each block's statements that stay on every rank, as code
     for block in blocks:
         got = _loading_units(ctx, block, wanted, later)
         if got is None:
@@ -622,9 +635,22 @@ def _classify(
         inner.extend(got)
         loading = {id(u[0]) for u in got}
         whole = whole and all(id(s) in loading for s in block)
+        rest.append({ctx.code(s).strip() for s in block if id(s) not in loading})
+    if isinstance(stmt, cst.Try) and not whole and not _same_outcome(stmt, rest):
+        return None
     if whole and inner:
         return [(stmt, set().union(*(u[1] for u in inner)))]
     return inner
+
+
+def _same_outcome(stmt: cst.Try, rest: list[set[str]]) -> bool:
+    """Only rank 0 can fail to load, so only rank 0 may run an ``except`` (or skip ``else``).
+    That is harmless when what stays on every rank in the handlers and the ``else`` also runs
+    in the ``try`` body (``n_classes = 10`` on both paths). ``rest``: per block of the ``try``
+    (body, handlers, else, finally, in that order), its statements kept on every rank."""
+    body = rest[0]
+    n_handlers = len(stmt.handlers) + (1 if stmt.orelse is not None else 0)
+    return all(block <= body for block in rest[1 : 1 + n_handlers])
 
 
 def _runs(ctx: FileContext, units: list[Unit]) -> list[list[Unit]]:

@@ -204,6 +204,7 @@ def _new_collective_findings(
     external_in = project_collectives(inputs) if distributed_input else {}
     new: dict[str, Diagnostic] = {}
     mnbn_somewhere = any("create_mnbn_model" in text for text in outputs.values())
+    wrapped_helpers = _helpers_wrapped_at_call_sites(outputs)
     for path, result in done.items():
         try:
             if path not in wrappers:
@@ -240,6 +241,11 @@ def _new_collective_findings(
                 continue
             if finding.code == "MN502" and mnbn_somewhere:
                 continue  # the model is converted where another file builds it
+            if (
+                finding.code == "MN503"
+                and _enclosing_function(outputs[path], finding.line) in wrapped_helpers
+            ):
+                continue  # the helper's optimizer is wrapped where the helper is called
 
             result.entries.append(
                 ReportEntry(
@@ -252,6 +258,39 @@ def _new_collective_findings(
                 )
             )
     return new
+
+
+def _helpers_wrapped_at_call_sites(outputs: Mapping[str, str]) -> set[str]:
+    """Names of functions whose result a converted file hands to create_multi_node_optimizer:
+    ``create_multi_node_optimizer(make_optimizer(model), comm)`` names ``make_optimizer``."""
+    names: set[str] = set()
+    for text in outputs.values():
+        if "create_multi_node_optimizer" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if not (isinstance(node, ast.Call) and node.args):
+                continue
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            inner = node.args[0]
+            if called != "create_multi_node_optimizer" or not isinstance(inner, ast.Call):
+                continue
+            made = inner.func
+            name = made.attr if isinstance(made, ast.Attribute) else getattr(made, "id", None)
+            if name:
+                names.add(name)
+    return names
+
+
+def _enclosing_function(source: str, line: int) -> str | None:
+    """The name of the innermost function around ``line``."""
+    best: ast.FunctionDef | ast.AsyncFunctionDef | None = None
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            end = node.end_lineno or node.lineno
+            if node.lineno <= line <= end and (best is None or node.lineno >= best.lineno):
+                best = node
+    return best.name if best is not None else None
 
 
 def _input_line(result: FileResult, output_line: int) -> int:

@@ -14,6 +14,7 @@ import libcst as cst
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
+from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
 
 
@@ -21,8 +22,9 @@ from mnify.rewrites.registry import rewrite
 def plan(ctx: FileContext) -> None:
     wrap = ctx.spell.top("create_multi_node_optimizer")
     for call in ctx.facts.calls:
-        if not vocab.is_optimizer(call.qname):
+        if not vocab.is_optimizer(call.qname) and not _by_getattr(ctx, call):
             continue
+        label = _label(ctx, call)
         if vocab.is_multi_node_optimizer_factory(call.parent_qname):
             continue  # converted before
         if not ctx.options.data_parallel:
@@ -30,37 +32,69 @@ def plan(ctx: FileContext) -> None:
                 call.node,
                 "model-parallel",
                 "info",
-                f"{vocab.last(call.qname)} left unwrapped: under model parallelism each rank "
+                f"{label} left unwrapped: under model parallelism each rank "
                 "owns different parameters",
             )
             continue
         if ctx.suppressed(call.node, "optimizer"):
             continue
-        comm = ctx.comm_at(call.func, vocab.last(call.qname))
+        comm = ctx.comm_at(call.func, label)
         if comm is None:
             scope = ctx.outermost_scope(call.func)
             if (
                 isinstance(scope, cst.FunctionDef)
                 and scope is call.func
                 and ctx.returns_value_of(scope, call.node)
-                and ctx.lift(
-                    call.func, "optimizer", f"a {vocab.last(call.qname)} optimizer", call.node
-                )
+                and ctx.lift(call.func, "optimizer", _an_optimizer(label), call.node)
             ):
                 continue  # the helper returns it: wrapped where the helper is called (call_sites)
             ctx.note(
                 call.node,
                 "optimizer",
                 "needs-person",
-                f"{vocab.last(call.qname)} is built where the communicator is not in scope "
+                f"{label} is built where the communicator is not in scope "
                 f"(a method): wrap it with {wrap}(..., comm) where it is used",
             )
             continue
         ctx.use_runtime()
         ctx.plan.replace_node(call.node, _wrap(wrap, comm), call.stmt)
-        ctx.note(
-            call.node, "optimizer", "changed", f"{vocab.last(call.qname)} -> {wrap}(..., comm)"
+        ctx.note(call.node, "optimizer", "changed", f"{label} -> {wrap}(..., comm)")
+
+
+def names_module(ctx: FileContext, expr: cst.BaseExpression, module: str) -> bool:
+    """``expr`` names the module ``module`` (``chainer.optimizers``, ``O`` imported as it)."""
+    if isinstance(expr, cst.Name):
+        return ctx.facts.imported_modules.get(expr.value) == module
+    if isinstance(expr, cst.Attribute):
+        return ctx.code(expr) == module or (
+            isinstance(expr.value, cst.Name)
+            and ctx.facts.imported_modules.get(expr.value.value, "") + "." + expr.attr.value
+            == module
         )
+    return False
+
+
+def _by_getattr(ctx: FileContext, call: CallFact) -> bool:
+    """``getattr(chainer.optimizers, cfg['name'])(**kwargs)``: an optimizer class chosen by
+    name from Chainer's optimizer module."""
+    made = ctx.facts.call_of(call.node.func)
+    return (
+        made is not None
+        and made.qname in ("getattr", "builtins.getattr")
+        and bool(made.node.args)
+        and names_module(ctx, made.node.args[0].value, vocab.OPTIMIZERS_MODULE)
+    )
+
+
+def _an_optimizer(name: str) -> str:
+    """``an Adam optimizer``, ``a MomentumSGD optimizer``; ``an optimizer chosen by name``."""
+    if name.startswith("an optimizer"):
+        return name
+    return f"{'an' if name[0] in 'AEIOU' else 'a'} {name} optimizer"
+
+
+def _label(ctx: FileContext, call: CallFact) -> str:
+    return "an optimizer chosen by name" if _by_getattr(ctx, call) else vocab.last(call.qname)
 
 
 # A wrapped call longer than this breaks after the opening parenthesis, as black would.

@@ -67,15 +67,6 @@ class Case:
     xfail: str | None = None
 
 
-P1_OPTIMIZER_BY_NAME = (
-    "pattern 1: make_optimizer(model, cfg) in opt_utils.py builds its optimizer as "
-    "getattr(chainer.optimizers, cfg['name'])(**kwargs); the converter does not see that it "
-    "returns an optimizer, so `optimizer = make_optimizer(model, config['optimizer'])` is not "
-    "wrapped in mn.create_multi_node_optimizer(..., comm), and with no multi-node optimizer "
-    "the model built by name is not wrapped in mn.links.create_mnbn_model(..., comm) either "
-    "(the report only says MN502 'needs a person' for nets/mlp.py): every rank trains alone "
-    "on its shard with per-rank batch statistics"
-)
 P4_LOOP_FIRST_UPDATE = (
     "pattern 4: the converted hand-written loop does `loss.backward(); optimizer.update()`; "
     "the multi-node optimizer's first update() without a loss function only broadcasts rank "
@@ -113,7 +104,6 @@ CASES = [
             "predictor = mn.links.create_mnbn_model(predictor, comm)",
             "mn.create_multi_node_optimizer(make_optimizer(model, config['optimizer']), comm)",
         ),
-        xfail=P1_OPTIMIZER_BY_NAME,
     ),
     Case(
         id="p1-yaml-getattr-model-bn-helper-optimizer-3-ranks",
@@ -375,16 +365,6 @@ def test_ranks_at_batch_b_reproduce_the_original_at_n_times_b(case: Case, tmp_pa
     )
 
 
-P6_TRY_LOADS_EVERYWHERE = (
-    "pattern 6: in train_cached.py the load sits in `try: ... except IOError:` next to "
-    "`n_arms = 3`; the converter leaves np.load(args.cache) and get_spirals(...) on every rank, "
-    "scatters rank 0's copy and reports MN501 'needs a person' ('train is loaded on every "
-    "rank'), where issue 12 asks for rank-0 loading with the other statements kept on every "
-    "rank, as it already does for if/elif/else (train_ifelse.py)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=P6_TRY_LOADS_EVERYWHERE)
 def test_a_load_inside_try_runs_on_rank_0_only(tmp_path: Path) -> None:
     """Issue 12, pattern 6: a load inside ``try`` is rank 0's (parity above shows the rest runs)."""
     case = next(c for c in CASES if c.id == "p6-load-in-try-except")
