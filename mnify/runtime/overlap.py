@@ -338,6 +338,7 @@ class OverlapChannel:
         self.on_device = on_device
         self.mpi_comm = comm.mpi_comm.Dup()
         self.nccl_comm: Any = None
+        self._reducers: list[NcclMeanReducer] = []
         if on_device:
             from mnify.runtime.communicators.pure_nccl import join_nccl, unique_id_bytes
 
@@ -356,7 +357,7 @@ class OverlapChannel:
         comm = self.comm
         if not self.on_device:
             return MpiMeanReducer(self.mpi_comm, wire, self.size, _watchdog_of(comm))
-        return NcclMeanReducer(
+        reducer = NcclMeanReducer(
             comm._cupy,
             comm._nccl,
             self.nccl_comm,
@@ -367,6 +368,8 @@ class OverlapChannel:
             _watchdog_of(comm),
             self._abort_nccl,
         )
+        self._reducers.append(reducer)
+        return reducer
 
     def bucket_bytes(self) -> int | None:
         """The communicator's bucket size (``pure_nccl`` without an explicit one: 4 MiB,
@@ -386,6 +389,8 @@ class OverlapChannel:
 
     def close(self) -> None:
         if self.nccl_comm is not None:
+            for reducer in self._reducers:  # nothing may still be queued on this communicator
+                reducer.stream.synchronize()
             self.nccl_comm.destroy()
             self.nccl_comm = None
         from mpi4py import MPI
