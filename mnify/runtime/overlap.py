@@ -188,10 +188,19 @@ class MpiMeanReducer:
     """Non-blocking MPI means on host buffers (every communicator on CPU ranks).
 
     ``mpi_comm``: the communicator the reductions run on (a duplicate, so they never pair with
-    other collectives); ``watchdog``: the owning communicator's, or None.
+    other collectives); ``watchdog``: the owning communicator's, or None; ``wait_all``: the
+    communicator's own wait for requests (it marks the rank as waiting for ``mnify run``'s
+    failure report, and uses the watchdog), when it has one.
     """
 
-    def __init__(self, mpi_comm: Any, wire: np.dtype[Any], size: int, watchdog: Any = None) -> None:
+    def __init__(
+        self,
+        mpi_comm: Any,
+        wire: np.dtype[Any],
+        size: int,
+        watchdog: Any = None,
+        wait_all: Callable[[list[Any]], None] | None = None,
+    ) -> None:
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -199,6 +208,7 @@ class MpiMeanReducer:
         self.wire = np.dtype(wire)
         self.scale_before = place_scale(1.0 / size, self.wire).before
         self.watchdog = watchdog
+        self.wait_all = wait_all
         self._requests: list[Any] = []
         self.on_start: Callable[[int, int], None] | None = None  # (bucket, bytes): timeline
 
@@ -218,7 +228,9 @@ class MpiMeanReducer:
     def finish(self, unpack: list[tuple[Any, list[Any]]]) -> None:
         requests, self._requests = self._requests, []
         if requests:
-            if self.watchdog is None:
+            if self.wait_all is not None:
+                self.wait_all(requests)
+            elif self.watchdog is None:
                 self._MPI.Request.Waitall(requests)
             else:
                 self.watchdog.waitall(requests)
@@ -356,7 +368,13 @@ class OverlapChannel:
     def reducer(self, wire: np.dtype[Any]) -> MeanReducer:
         comm = self.comm
         if not self.on_device:
-            return MpiMeanReducer(self.mpi_comm, wire, self.size, _watchdog_of(comm))
+            return MpiMeanReducer(
+                self.mpi_comm,
+                wire,
+                self.size,
+                _watchdog_of(comm),
+                getattr(comm, "_wait_all", None),
+            )
         reducer = NcclMeanReducer(
             comm._cupy,
             comm._nccl,
