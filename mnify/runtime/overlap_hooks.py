@@ -96,8 +96,10 @@ class OverlapStep:
         names: list[str],
         params: list[Any],
         loss_scale: float | None,
+        on_device: bool = False,
     ) -> None:
         self.engine = engine
+        self.on_device = on_device  # gradients on the GPU (NCCL), else on the host (MPI)
         self.names = names
         self.params = params
         self.loss_scale = loss_scale
@@ -204,11 +206,10 @@ class OverlapEngine:
         kind = self._device_kind(params)
         if kind is None:
             return None
-        layout = tuple((n, tuple(p.array.shape), p.array.dtype.str) for n, p in named)
+        layout = (kind, tuple((n, tuple(p.array.shape), p.array.dtype.str) for n, p in named))
         if layout != self.layout:
             self.layout, self.scheduler, self.order = layout, None, []
-        step = OverlapStep(self, [n for n, _ in named], params, loss_scale)
-        step.kind = kind  # type: ignore[attr-defined]
+        step = OverlapStep(self, [n for n, _ in named], params, loss_scale, kind)
         if self.scheduler is not None:
             step.scheduler = self.scheduler
             step.position = [0] * len(params)
@@ -236,7 +237,7 @@ class OverlapEngine:
 
     def wait(self, step: OverlapStep) -> None:
         """After the update's backward: plan if this was a learning step, then complete."""
-        on_device = bool(getattr(step, "kind", False))
+        on_device = step.on_device
         if self.scheduler is None:
             channel = self.channel(on_device)
             seen = list(dict.fromkeys(step.order))
