@@ -61,7 +61,7 @@ def _subclass_lifts(ctx: FileContext, lifts: list[Lift]) -> list[Lift]:
         for base in bases:
             bare = base.lstrip(".")
             for lift in lifts:
-                if lift.kind == "rank0":
+                if lift.kind in ("rank0", "extensions"):
                     continue
                 local = lift.module == ctx.module_name and bare == lift.name
                 if local or bare.endswith("." + lift.name) or bare == f"{lift.module}.{lift.name}":
@@ -124,7 +124,7 @@ def plan_project(contexts: Mapping[str, FileContext]) -> None:
                     grown.append(lift)
             for call in ctx.facts.calls:
                 for lift in lifts:
-                    if lift.kind == "rank0" or not _matches(ctx, call, lift):
+                    if lift.kind in ("rank0", "extensions") or not _matches(ctx, call, lift):
                         continue
                     if ctx.visible(call.func):
                         continue
@@ -280,6 +280,16 @@ def _apply(ctx: FileContext, lifts: list[Lift]) -> None:
                 continue
             done.add((id(call.node), lift.kind))
             if not ctx.visible(call.func):
+                if lift.kind == "extensions":
+                    ctx.note(
+                        call.node,
+                        "evaluator",
+                        "needs-person",
+                        f"{lift.name}() registers {lift.label} on the trainer it is given and is "
+                        "called where the communicator is not in scope: call "
+                        "distribute_extensions(trainer, comm) after it",
+                    )
+                    continue
                 if lift.kind == "rank0" and ctx.outermost_scope(call.func) is not None:
                     ctx.note(
                         call.node,
@@ -293,6 +303,8 @@ def _apply(ctx: FileContext, lifts: list[Lift]) -> None:
                 target = _guard_target(ctx, call, lift)
                 if target is not None:
                     _guard_call(ctx, call, target, lift)
+            elif lift.kind == "extensions":
+                _distribute_after(ctx, call, lift)
             else:
                 _wrap(ctx, call, lift)
     for extend, lift in _extended_by_name(ctx, lifts):
@@ -319,6 +331,48 @@ def _wrap(ctx: FileContext, call: CallFact, lift: Lift) -> None:
         step,
         "changed",
         f"{lift.name}(...) holds {lift.label}: built as {name}({lift.name}(...), {comm}) ({what})",
+    )
+
+
+def _trainer_argument(call: cst.Call, param: tuple[int, str]) -> cst.BaseExpression | None:
+    position, name = param
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[position].value if 0 <= position < len(positional) else None
+
+
+def _distribute_after(ctx: FileContext, call: CallFact, lift: Lift) -> None:
+    """``add_extensions(trainer, ...)`` registered an evaluator or writers without ``comm``:
+    ``mn.distribute_extensions(trainer, comm)`` right after the call converts them."""
+    stmt = call.stmt
+    trainer = _trainer_argument(call.node, lift.param) if lift.param is not None else None
+    block = ctx.facts.block_of.get(id(stmt)) if stmt is not None else None
+    if stmt is None or block is None or not isinstance(trainer, (cst.Name, cst.Attribute)):
+        ctx.note(
+            call.node,
+            "evaluator",
+            "needs-person",
+            f"{lift.name}() registers {lift.label} on a trainer mnify cannot name here: call "
+            "distribute_extensions(trainer, comm) after it",
+        )
+        return
+    comm = ctx.comm_at(call.func, lift.label)
+    if comm is None or ctx.suppressed(stmt, "evaluator") or ctx.suppressed(stmt, "rank0-guard"):
+        return
+    name = ctx.runtime.top("distribute_extensions")
+    code = f"{name}({ctx.code(trainer)}, {comm})"
+    if any(ctx.code(s).strip() == code for s in block.body):
+        return  # converted before
+    ctx.use_runtime()
+    ctx.plan.insert_after(stmt, [statement(code + "\n")])
+    ctx.note(
+        call.node,
+        "evaluator",
+        "changed",
+        f"{lift.name}() registers {lift.label} without the communicator: {code} after it makes "
+        "its evaluators multi-node and keeps its writers on rank 0",
     )
 
 

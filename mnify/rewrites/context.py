@@ -24,7 +24,7 @@ from mnify.rewrites.options import ConvertOptions, Spelling
 from mnify.rewrites.registry import step_code, step_codes
 from mnify.rewrites.report import ReportEntry, Severity
 
-LiftKind = Literal["optimizer", "mnbn", "rank0", "channel-parallel"]
+LiftKind = Literal["optimizer", "mnbn", "rank0", "channel-parallel", "extensions"]
 # What a report entry says the output shows: ("guarded", statement) — it runs under
 # ``if comm.rank == 0:``; ("scattered", name) — the dataset reaches scatter_dataset;
 # ("rank0-loads", name) — rank 0 binds it, the others bind None.
@@ -35,13 +35,15 @@ Claim = tuple[Literal["guarded", "scattered", "rank0-loads"], "cst.CSTNode | str
 class Lift:
     """Work a helper or model class cannot do without ``comm``, done where it is called:
     wrap the call (``optimizer``: create_multi_node_optimizer; ``mnbn``: create_mnbn_model;
-    ``channel-parallel``: split its convolutions) or guard the calling statement (``rank0``)."""
+    ``channel-parallel``: split its convolutions), guard the calling statement (``rank0``), or
+    convert the trainer it registered extensions on (``extensions``: distribute_extensions)."""
 
     name: str  # the module-level function or class
     kind: LiftKind
     label: str  # what inside it needs comm, for messages
     node: cst.CSTNode  # where, for the report
     module: str  # the module that defines it
+    param: tuple[int, str] | None = None  # extensions: (position, name) of the trainer parameter
 
 
 @dataclass(eq=False)
@@ -295,7 +297,12 @@ class FileContext:
         return self._outermost(func) if func is not None else None
 
     def lift(
-        self, func: cst.FunctionDef | None, kind: LiftKind, label: str, node: cst.CSTNode
+        self,
+        func: cst.FunctionDef | None,
+        kind: LiftKind,
+        label: str,
+        node: cst.CSTNode,
+        param: tuple[int, str] | None = None,
     ) -> bool:
         """Ask for ``kind`` to be done where the module-level helper or class enclosing
         ``func`` is called from the entry point (see ``call_sites``). Returns False when there
@@ -311,5 +318,22 @@ class FileContext:
                 if label not in lift.label.split(" or "):
                     lift.label = f"{lift.label} or {label}"  # built by if/elif on a name
                 return True
-        self.lifts.append(Lift(name, kind, label, node, self.module_name))
+        self.lifts.append(Lift(name, kind, label, node, self.module_name, param))
         return True
+
+    def trainer_parameter(
+        self, func: cst.FunctionDef | None, receiver: str | None
+    ) -> tuple[int, str] | None:
+        """``(position, name)`` when ``receiver`` is a parameter of ``func``, a module-level
+        helper (``def add_extensions(trainer, ...)``): where its callers pass the trainer."""
+        if func is None or receiver is None or self.outermost_scope(func) is not func:
+            return None
+        if self.facts.func_class.get(id(func)) is not None:
+            return None
+        for i, param in enumerate(func.params.params):
+            if param.name.value == receiver:
+                return i, receiver
+        for param in func.params.kwonly_params:
+            if param.name.value == receiver:
+                return -1, receiver
+        return None

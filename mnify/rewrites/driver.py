@@ -205,6 +205,7 @@ def _new_collective_findings(
     new: dict[str, Diagnostic] = {}
     mnbn_somewhere = any("create_mnbn_model" in text for text in outputs.values())
     wrapped_helpers = _helpers_wrapped_at_call_sites(outputs)
+    distributed_helpers = _helpers_followed_by_distribute(outputs)
     for path, result in done.items():
         try:
             if path not in wrappers:
@@ -246,6 +247,11 @@ def _new_collective_findings(
                 and _enclosing_function(outputs[path], finding.line) in wrapped_helpers
             ):
                 continue  # the helper's optimizer is wrapped where the helper is called
+            if (
+                finding.code in ("MN401", "MN505")
+                and _enclosing_function(outputs[path], finding.line) in distributed_helpers
+            ):
+                continue  # distribute_extensions(trainer, comm) follows each call of it
 
             result.entries.append(
                 ReportEntry(
@@ -279,6 +285,37 @@ def _helpers_wrapped_at_call_sites(outputs: Mapping[str, str]) -> set[str]:
             name = made.attr if isinstance(made, ast.Attribute) else getattr(made, "id", None)
             if name:
                 names.add(name)
+    return names
+
+
+def _called_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Expr):
+        node = node.value
+    elif isinstance(node, ast.Assign):
+        node = node.value
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+
+def _helpers_followed_by_distribute(outputs: Mapping[str, str]) -> set[str]:
+    """Names of helpers every converted call of which is followed by
+    ``distribute_extensions(trainer, comm)``: what they register is converted there."""
+    names: set[str] = set()
+    for text in outputs.values():
+        if "distribute_extensions" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            for part in ("body", "orelse", "finalbody"):
+                body = getattr(node, part, None)
+                if not isinstance(body, list):
+                    continue
+                for before, after in zip(body, body[1:], strict=False):
+                    if _called_name(after) == "distribute_extensions":
+                        called = _called_name(before)
+                        if called:
+                            names.add(called)
     return names
 
 

@@ -399,6 +399,18 @@ def _gather_existing_wrapper(ctx: FileContext, call: CallFact, classes: dict[str
     )
 
 
+def _lift_to_trainer(ctx: FileContext, call: CallFact) -> bool:
+    """``trainer.extend(Evaluator(...))`` in a helper given the trainer: converted where the
+    helper is called (``distribute_extensions``, call_sites)."""
+    extend = ctx.facts.call_of(call.parent_call)
+    if extend is None or extend.method != "extend" or ctx.options.target != "mnify":
+        return False
+    if not extend.node.args or extend.node.args[0].value is not call.node:
+        return False
+    param = ctx.trainer_parameter(call.func, extend.receiver)
+    return param is not None and ctx.lift(call.func, "extensions", "Evaluator", call.node, param)
+
+
 @rewrite("evaluator", order=60, fixes=("MN505",), code="MN805")
 def plan(ctx: FileContext) -> None:
     if not ctx.options.data_parallel:
@@ -421,6 +433,8 @@ def plan(ctx: FileContext) -> None:
             continue
         gather = kind == "whole-set"
         comm = ctx.comm_at(call.func, "Evaluator")
+        if comm is None and _lift_to_trainer(ctx, call):
+            continue
         if comm is None:
             shown = f"{wrap}(..., comm{', gather=True' if gather else ''})"
             ctx.note(

@@ -418,6 +418,15 @@ def plan(ctx: FileContext) -> None:
                 continue
             break
         if not ctx.visible(call.func):
+            param = ctx.trainer_parameter(call.func, call.receiver)
+            if (
+                call.method == "extend"
+                and _code_of(what) == "MN401"
+                and param is not None
+                and ctx.options.target == "mnify"
+            ):
+                ctx.lift(call.func, "extensions", what, call.node, param)
+                continue
             scope = ctx.outermost_scope(call.func)
             if (
                 isinstance(scope, cst.FunctionDef)

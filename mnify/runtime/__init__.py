@@ -26,6 +26,7 @@ _NAMES: dict[str, str] = {
     "create_multi_node_checkpointer": "extensions",
     "GenericMultiNodeEvaluator": "extensions",
     "LinearWarmup": "extensions",
+    "distribute_extensions": "extensions",
     "create_multi_node_iterator": "iterators",
     "create_synchronized_iterator": "iterators",
 }

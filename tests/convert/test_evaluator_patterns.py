@@ -186,7 +186,9 @@ def test_noqa_leaves_the_evaluator_alone() -> None:
     assert evaluator_entries(result) == []
 
 
-def test_evaluator_built_where_comm_is_not_in_scope_needs_a_person() -> None:
+def test_evaluator_added_by_a_helper_is_converted_after_the_helper_runs() -> None:
+    """The helper has no ``comm`` and keeps its signature: ``distribute_extensions`` after its
+    call converts what it registered (a MapEvaluator overrides evaluate: gathered at run time)."""
     source = script(
         OVERRIDES
         + """
@@ -197,9 +199,30 @@ def add_evaluator(trainer, it, model):
         "add_evaluator(trainer, test_iter, model)\n",
     )
     result = convert(source)
+    lines = [line.strip() for line in (result.output or "").splitlines()]
+    at = lines.index("add_evaluator(trainer, test_iter, model)")
+    assert lines[at + 1] == "mn.distribute_extensions(trainer, comm)"
+    assert "def add_evaluator(trainer, it, model):" in lines
+    ((severity, message),) = [e for e in evaluator_entries(result) if "add_evaluator" in e[1]]
+    assert severity == "changed"
+    assert [e for e in result.entries if e.severity == "needs-person"] == []
+
+
+def test_evaluator_added_by_a_helper_needs_a_person_under_chainermn() -> None:
+    source = script(
+        OVERRIDES
+        + """
+
+def add_evaluator(trainer, it, model):
+    trainer.extend(extensions.Evaluator(it, model))
+""",
+        "add_evaluator(trainer, test_iter, model)\n",
+    )
+    result = convert(source, target="chainermn")
+    assert "distribute_extensions" not in (result.output or "")
     ((severity, message),) = [e for e in evaluator_entries(result) if "cannot be passed" in e[1]]
     assert severity == "needs-person"
-    assert "mn.create_multi_node_evaluator(..., comm, gather=True)" in message
+    assert "chainermn.create_multi_node_evaluator(..., comm)" in message
 
 
 def test_chainermn_target_leaves_whole_set_evaluators_unwrapped_and_says_so() -> None:

@@ -12,6 +12,7 @@ CHECKS = [
     "ranks with empty shards",
     "custom evaluate weighted by iterator counts",
     "inside a trainer, reported as validation/main/*",
+    "distribute_extensions: a helper's evaluator and writers made data-parallel",
 ]
 
 

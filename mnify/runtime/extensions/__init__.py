@@ -7,6 +7,7 @@ a submodule that shares its function's name (``scatter_dataset``) can never shad
 from __future__ import annotations
 
 from mnify.runtime.extensions.checkpoint import create_multi_node_checkpointer
+from mnify.runtime.extensions.distribute import distribute_extensions
 from mnify.runtime.extensions.generic_evaluator import GenericMultiNodeEvaluator
 from mnify.runtime.extensions.multi_node_evaluator import create_multi_node_evaluator
 from mnify.runtime.extensions.warmup import LinearWarmup
@@ -16,4 +17,5 @@ __all__ = [
     "LinearWarmup",
     "create_multi_node_checkpointer",
     "create_multi_node_evaluator",
+    "distribute_extensions",
 ]

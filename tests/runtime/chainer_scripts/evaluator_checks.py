@@ -117,6 +117,48 @@ def check_in_trainer() -> None:
     assert_close("accuracy", seen["validation/main/accuracy"], expected["main/accuracy"], 1e-10)
 
 
+def add_extensions(trainer: Any, model: chainer.Link, test_it: Any) -> None:
+    """A script's helper that registers its extensions without a communicator."""
+    trainer.extend(extensions.Evaluator(test_it, model), trigger=(1, "iteration"))
+    trainer.extend(extensions.LogReport(trigger=(1, "iteration")))
+    trainer.extend(extensions.PrintReport(["iteration", "validation/main/loss"]))
+    trainer.extend(extensions.snapshot(), trigger=(1, "iteration"))
+
+
+def check_distributed_extensions() -> None:
+    """distribute_extensions after such a helper: the evaluator covers the whole test set, and
+    only rank 0 keeps what writes (LogReport stays everywhere, without a file)."""
+    import tempfile
+
+    from mnify.runtime.extensions.distribute import distribute_extensions
+
+    model = make_model()
+    train = scatter_dataset(make_data(8) if rank == 0 else None, comm)
+    test = scatter_dataset(make_data(11) if rank == 0 else None, comm, force_equal_length=False)
+    optimizer = chainer.optimizers.SGD(lr=0.0)
+    optimizer.setup(model)
+    updater = chainer.training.StandardUpdater(
+        chainer.iterators.SerialIterator(train, 2), optimizer
+    )
+    out = tempfile.mkdtemp(prefix=f"mnify-distribute-{rank}-")
+    trainer = chainer.training.Trainer(updater, (1, "iteration"), out=out)
+    add_extensions(trainer, model, chainer.iterators.SerialIterator(test, 4, False, False))
+    distribute_extensions(trainer, comm)
+    distribute_extensions(trainer, comm)  # idempotent
+    trainer.run()
+    log = trainer.get_extension("LogReport").log
+    expected = reference(model, make_data(11))
+    assert_close("validation loss", log[-1]["validation/main/loss"], expected["main/loss"], 1e-10)
+    names = sorted(trainer._extensions)
+    written = sorted(os.listdir(out))
+    if rank == 0:
+        assert names == ["LogReport", "PrintReport", "_Snapshot", "validation"], names
+        assert "log" in written and any(w.startswith("snapshot") for w in written), written
+    else:
+        assert names == ["LogReport", "validation"], names
+        assert written == [], written
+
+
 def mean_checks() -> None:
     """create_multi_node_evaluator averaging (ChainerMN's behaviour, weighted by examples)."""
     check(11, 64)  # uneven shards, one batch each
@@ -134,6 +176,9 @@ def mean_checks() -> None:
 
     check_in_trainer()
     passed("inside a trainer, reported as validation/main/*", comm)
+
+    check_distributed_extensions()
+    passed("distribute_extensions: a helper's evaluator and writers made data-parallel", comm)
 
 
 # ------------------------------------------------------------------------------------------
