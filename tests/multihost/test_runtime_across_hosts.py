@@ -64,12 +64,36 @@ def test_topology_averaging_and_scatter_across_hosts(bed3: TestBed, layout: str)
     run = bed3.run(slots, SCRIPTS / "across_hosts.py", timeout=120, mpiexec_args=flags)
     seen = results(run, n)
     assert [r["processor"] for r in seen] == hosts
-    for name in ("hierarchical", "flat", "naive"):
+    for name in ("hierarchical", "two_dimensional", "flat", "naive"):
         assert [r[name] for r in seen] == topology, name
-    # Several hosts and a host with several ranks: auto picks hierarchical on CPU.
-    assert {r["auto"] for r in seen} == {"hierarchical"}
+    # Several hosts and a host with several ranks: on CPU auto picks two_dimensional where
+    # every host runs as many ranks, hierarchical where they differ.
+    even = len(set(slots)) == 1
+    assert {r["auto"] for r in seen} == {"two_dimensional" if even else "hierarchical"}
     shares = [tuple(r["scatter"]) for r in seen]  # type: ignore[arg-type]
     assert len(set(shares)) == n  # each rank its own share
+
+
+@pytest.mark.parametrize(
+    ("slots", "flags"),
+    [([2, 2], []), ([2, 2], ["--map-by", "node"]), ([2, 2, 2], []), ([2, 1, 1], [])],
+    ids=["2x2", "2x2-map-by-node", "3x2", "slots-2-1-1"],
+)
+def test_two_dimensional_mean_is_exact_and_identical_across_hosts(
+    bed3: TestBed, slots: list[int], flags: list[str]
+) -> None:
+    """The pipelined two-dimensional mean (reduce-scatter in the host, shares across hosts --
+    swapped between two hosts, all-reduced among three -- all-gather in the host) equals a
+    float64 reference and is bit-identical on every rank of every host, for several bucket
+    sizes, windows and dtypes, twice in a row; on uneven hosts it is hierarchical's scheme."""
+    n = sum(slots)
+    run = bed3.run(slots, SCRIPTS / "two_dimensional.py", timeout=240, mpiexec_args=flags)
+    seen = results(run, n)
+    for r in range(n):
+        assert "PASS two_dimensional" in run.rank_lines(r), run.describe()
+    even = len(set(slots)) == 1
+    assert all(all(c == even for c in s["columns"]) for s in seen), seen  # type: ignore[attr-defined]
+    assert {s["auto"] for s in seen} == {"two_dimensional" if even else "hierarchical"}
 
 
 CHAINER_SCRIPTS = [

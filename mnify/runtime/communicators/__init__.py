@@ -6,10 +6,15 @@
 - ``flat``: gradients packed into buckets, one Allreduce per bucket, 1/size fused.
 - ``hierarchical``: flat's buckets, reduced inside each host, across host leaders, then
   broadcast inside each host.
+- ``two_dimensional``: reduce-scatter inside each host, rank i of every host all-reduces share
+  i across hosts, all-gather inside each host; the stages of consecutive buckets overlap
+  (hierarchical's scheme where hosts run different numbers of ranks).
 - ``pure_nccl``: NCCL on CuPy arrays (:mod:`mnify.runtime.communicators.pure_nccl`).
-- ``auto``: ``pure_nccl`` when every rank's CuPy sees a GPU; on CPU ``hierarchical`` when the
-  ranks span several hosts and some host runs several ranks, else ``flat`` (DESIGN.md said
-  ``naive``; ``flat`` is the same contract and measured faster, see bench/allreduce.py).
+- ``auto``: ``pure_nccl`` when every rank's CuPy sees a GPU; on CPU, when the ranks span several
+  hosts and some host runs several ranks, ``two_dimensional`` if the hosts are separate
+  machines (no shared memory between them) running the same number of ranks each, else
+  ``hierarchical``; otherwise ``flat`` (DESIGN.md said ``naive``; ``flat`` is the same contract
+  and measured faster, see bench/allreduce.py).
 
 Creating any communicator installs :mod:`mnify.runtime.excepthook`'s exception hook, so one rank's
 uncaught exception ends the whole job. Nothing here imports Chainer; CuPy only when asked for.
@@ -32,6 +37,10 @@ _CLASSES: dict[str, tuple[str, str]] = {
     "naive": ("mnify.runtime.communicators.naive", "NaiveCommunicator"),
     "flat": ("mnify.runtime.communicators.flat", "FlatCommunicator"),
     "hierarchical": ("mnify.runtime.communicators.hierarchical", "HierarchicalCommunicator"),
+    "two_dimensional": (
+        "mnify.runtime.communicators.two_dimensional",
+        "TwoDimensionalCommunicator",
+    ),
     "pure_nccl": ("mnify.runtime.communicators.pure_nccl", "PureNcclCommunicator"),
 }
 NAMES = ("auto", *_CLASSES)
@@ -52,7 +61,23 @@ def choose_auto(mpi_comm: MPI.Intracomm) -> str:
     if all(gpu for _, gpu in views):
         return "pure_nccl"
     topology = Topology.from_names(mpi_comm.Get_rank(), [name for name, _ in views])
-    return "hierarchical" if topology.spans_hosts_with_several_ranks else "flat"
+    if not topology.spans_hosts_with_several_ranks:
+        return "flat"
+    # Hosts that really are separate machines (MPI cannot share memory across them) and all
+    # run the same number of ranks: the pipelined two-dimensional scheme. bench/multihost.py on
+    # the 2x2 test bed (1 Gbit/s links, ResNet-50's 102 MB, link floor 0.82 s, 2 cores shared
+    # with other jobs at load 8-24), medians over 5 reps of one launch:
+    # two_dimensional 0.93 / 0.93 / 0.94 s (1.13-1.15x the floor; best 0.89), hierarchical
+    # 1.12 / 1.15 / 1.82 s, flat 2.5 / 6.8 / 14 s (bimodal from rep to rep: 0.86-16 s), see
+    # docs/testbed.md. Elsewhere (uneven hosts; host names faked on one machine, where there
+    # is no link to keep busy) hierarchical, as before.
+    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    apart = node.Get_size() < mpi_comm.Get_size()
+    node.Free()
+    apart = bool(mpi_comm.allreduce(apart, op=MPI.LAND))
+    if apart and topology.hosts_equally_crowded:
+        return "two_dimensional"
+    return "hierarchical"
 
 
 def communicator_class(name: str) -> type[CommunicatorBase]:

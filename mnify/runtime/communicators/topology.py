@@ -70,3 +70,9 @@ class Topology:
         """More than one host, and at least one of them runs more than one rank: where the
         hierarchical reduction saves inter-host traffic."""
         return self.inter_size > 1 and any(len(self.ranks_on(h)) > 1 for h in self.hosts)
+
+    @property
+    def hosts_equally_crowded(self) -> bool:
+        """Every host runs the same number of ranks: rank i of each host can pair up with rank
+        i of every other (the two-dimensional scheme's columns)."""
+        return len({len(self.ranks_on(h)) for h in self.hosts}) == 1

@@ -6,7 +6,8 @@ slots. Numerical checks run here and raise on a mismatch (the failure hook then 
 
 - ``allreduce`` and ``multi_node_mean_grad`` of every communicator equal a float64 reference
   every rank computes from the known per-rank inputs, and are bit-identical on all ranks;
-- ``hierarchical`` and ``flat`` agree with each other (the one-host result, up to summation order);
+- ``hierarchical``, ``two_dimensional`` and ``flat`` agree with each other (the one-host result,
+  up to summation order);
 - ``scatter_dataset`` gives every rank its ChainerMN share and the shares cover the dataset.
 """
 
@@ -93,15 +94,16 @@ def main() -> None:
         "processor": MPI.Get_processor_name(),
     }
     averaged: dict[str, list[np.ndarray]] = {}
-    for name in ("hierarchical", "flat", "naive"):
+    for name in ("hierarchical", "two_dimensional", "flat", "naive"):
         comm = mn.create_communicator(name)
         results[name] = [comm.intra_rank, comm.intra_size, comm.inter_rank, comm.inter_size]
         averaged[name] = check_averaging(comm)
         if name == "hierarchical":
             results["scatter"] = check_scatter(comm)
         comm.finalize()
-    for a, b in zip(averaged["hierarchical"], averaged["flat"], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    for other in ("hierarchical", "two_dimensional"):
+        for a, b in zip(averaged[other], averaged["flat"], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=other)
     auto = mn.create_communicator("auto")
     results["auto"] = auto.name
     auto.finalize()
