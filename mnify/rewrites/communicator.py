@@ -432,6 +432,30 @@ def _same_initial_weights(ctx: FileContext) -> str:
 
 
 # ------------------------------------------------------------------------ emitting
+def emit_helper_fetches(ctx: FileContext) -> None:
+    """``comm = mn.current_communicator()`` at the top of each training helper whose code now
+    uses the communicator (its signature stays as it is; see ``FileContext.training_helper``)."""
+    entry = ctx.entry
+    if entry is None or entry.exists or not ctx.helpers_given_comm:
+        return
+    ctx.use_runtime()
+    fetch = f"{entry.comm} = {ctx.runtime.top('current_communicator')}()\n"
+    for helper in ctx.helpers_given_comm.values():
+        if not isinstance(helper.body, cst.IndentedBlock):
+            continue
+        stmts = list(helper.body.body)
+        first = 1 if stmts and _is_docstring(stmts[0]) and len(stmts) > 1 else 0
+        ctx.plan.insert_before(stmts[first], [statement(fetch)])
+        ctx.note(
+            stmts[first],
+            "communicator",
+            "changed",
+            f"{helper.name.value}() trains with an optimizer it does not hand back: it keeps its "
+            f"signature and takes the communicator main() created with "
+            f"{ctx.runtime.top('current_communicator')}()",
+        )
+
+
 def emit(ctx: FileContext, preamble: list[cst.BaseStatement]) -> None:
     """Insert the communicator (after the other rewrites decided they need it)."""
     entry = ctx.entry

@@ -16,6 +16,7 @@ from typing import Literal
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from mnify import vocabulary as vocab
 from mnify.lint.noqa import Suppressions, parse_suppressions
 from mnify.rewrites.edits import EditPlan
 from mnify.rewrites.facts import Facts
@@ -23,6 +24,7 @@ from mnify.rewrites.lines import line_table
 from mnify.rewrites.options import ConvertOptions, Spelling
 from mnify.rewrites.registry import step_code, step_codes
 from mnify.rewrites.report import ReportEntry, Severity
+from mnify.syntax import names_in
 
 LiftKind = Literal["optimizer", "mnbn", "rank0", "channel-parallel", "extensions"]
 # What a report entry says the output shows: ("guarded", statement) — it runs under
@@ -88,6 +90,10 @@ class FileContext:
     external_bn: Callable[[str], bool] = field(default=lambda qname: False)
     # statements to insert before the communicator (the forkserver preamble)
     preamble: list[cst.BaseStatement] = field(default_factory=list)
+    # module-level training helpers the entry point calls, which fetch the communicator with
+    # current_communicator() (id -> function); those whose code was given comm
+    _training_helpers: dict[int, cst.FunctionDef] | None = None
+    helpers_given_comm: dict[int, cst.FunctionDef] = field(default_factory=dict)
     _positions: object | None = None
     _suppressions: Suppressions | None = None
     _lines: dict[int, int] | None = None
@@ -207,11 +213,51 @@ class FileContext:
             scope = parent
 
     def visible(self, func: cst.FunctionDef | None) -> bool:
-        """Whether code in ``func`` sees the entry point's communicator without threading."""
+        """Whether code in ``func`` sees the entry point's communicator without threading: in
+        the entry point, or in a training helper it calls (:meth:`training_helper`)."""
+        return self._in_entry(func) or self.training_helper(func) is not None
+
+    def _in_entry(self, func: cst.FunctionDef | None) -> bool:
         entry = self.entry
         return entry is not None and (
             entry.func is None or (func is not None and self._inside(func, entry.func))
         )
+
+    def training_helper(self, func: cst.FunctionDef | None) -> cst.FunctionDef | None:
+        """The module-level helper around ``func`` when it is one the entry point calls to
+        train (it builds an optimizer it does not hand back, so no wrapping at its call can make
+        it data-parallel). Such a helper keeps its signature and gets the communicator with
+        ``comm = mn.current_communicator()`` as its first statement."""
+        if func is None:
+            return None
+        if self._training_helpers is None:
+            self._training_helpers = self._find_training_helpers()
+        scope = self._outermost(func)
+        if isinstance(scope, cst.FunctionDef):
+            return self._training_helpers.get(id(scope))
+        return None
+
+    def _find_training_helpers(self) -> dict[int, cst.FunctionDef]:
+        entry = self.entry
+        if entry is None or self.options.target != "mnify" or not self.options.data_parallel:
+            return {}
+        found: dict[int, cst.FunctionDef] = {}
+        for name, helper in self.facts.module_functions.items():
+            if helper is entry.func or self.facts.func_class.get(id(helper)) is not None:
+                continue
+            mine = [
+                c for c in self.facts.calls if c.func is not None and self._inside(c.func, helper)
+            ]
+            trains = any(
+                vocab.is_optimizer(c.qname) and not self.returns_value_of(helper, c.node)
+                for c in mine
+            )
+            called = any(
+                c.qname.lstrip(".") == name and self._in_entry(c.func) for c in self.facts.calls
+            )
+            if trains and called and entry.comm not in names_in([helper]):
+                found[id(helper)] = helper
+        return found
 
     def comm_at(self, func: cst.FunctionDef | None, why: str) -> str | None:
         """The expression naming the communicator at code inside ``func`` (None: module level),
@@ -222,6 +268,9 @@ class FileContext:
         if self.visible(func):
             self.comm_needed = True
             assert self.entry is not None
+            helper = self.training_helper(func)
+            if helper is not None:
+                self.helpers_given_comm[id(helper)] = helper
             return self.entry.comm
         return None
 

@@ -541,6 +541,7 @@ def _finish_file(ctx: FileContext, result: FileResult) -> None:
     """Insert the communicator and imports, apply the plan, and check the output: it parses,
     and it differs from the input only as the plan says (``verify``)."""
     communicator.emit(ctx, ctx.preamble)
+    communicator.emit_helper_fetches(ctx)
     imports.emit(ctx)
     result.entries = ctx.entries
     result.found = ctx.found

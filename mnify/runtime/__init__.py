@@ -15,6 +15,7 @@ from mnify._lazy import lazy_exports
 # public name -> module (relative to this package) that defines it
 _NAMES: dict[str, str] = {
     "create_communicator": "communicators",
+    "current_communicator": "communicators",
     "CommunicatorBase": "communicators.base",
     "CollectiveTimeout": "errors",
     "CollectiveMismatch": "errors",

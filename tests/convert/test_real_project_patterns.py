@@ -6,6 +6,7 @@ import ast
 import textwrap
 
 from mnify.rewrites import convert_source, convert_sources
+from mnify.rewrites.options import ConvertOptions
 
 HEAD = textwrap.dedent(
     """\
@@ -62,6 +63,57 @@ def test_training_inside_a_helper_that_keeps_its_optimizer_is_left_alone_and_sai
     assert all(r.error is None and not r.changed for r in results)
     notes = [e for r in results for e in r.entries if e.severity == "needs-person"]
     assert any(e.message.startswith("nothing was parallelised") for e in notes)
+
+
+def test_a_training_helper_of_the_script_fetches_the_communicator_and_keeps_its_signature() -> None:
+    """``train_one_fold(fold, train, valid, args)`` builds its optimizer and trains: nothing to
+    wrap at its call. It keeps its signature and takes main()'s communicator from the runtime;
+    with ``--target chainermn`` (no such function) the script is left alone and said."""
+    source = HEAD + textwrap.dedent(
+        """
+
+        def train_one_fold(fold, train, valid, args):
+            \"\"\"One fold.\"\"\"
+            model = L.Classifier(L.Linear(None, 3))
+            optimizer = chainer.optimizers.Adam()
+            optimizer.setup(model)
+            it = chainer.iterators.SerialIterator(train, args.batchsize)
+            trainer = training.Trainer(training.StandardUpdater(it, optimizer), (1, 'epoch'))
+            trainer.extend(extensions.LogReport())
+            trainer.run()
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument('--batchsize', type=int, default=8)
+            args = parser.parse_args()
+            data = chainer.datasets.get_mnist()[0]
+            for fold, (train, valid) in enumerate(
+                    chainer.datasets.get_cross_validation_datasets(data, 3)):
+                train_one_fold(fold, train, valid, args)
+        """
+    )
+    result = convert_source(source, "train.py")
+    assert result.error is None and result.output is not None
+    tree = ast.parse(result.output)
+    helper = next(
+        s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "train_one_fold"
+    )
+    assert [a.arg for a in helper.args.args] == ["fold", "train", "valid", "args"]
+    body = [ast.unparse(s) for s in helper.body]
+    assert body[1] == "comm = mn.current_communicator()"  # after the docstring
+    assert "optimizer = mn.create_multi_node_optimizer(chainer.optimizers.Adam(), comm)" in body
+    assert "train = mn.scatter_dataset(train, comm, shuffle=True)" in body
+    assert "if comm.rank == 0:\n    trainer.extend(extensions.LogReport())" in body
+    assert any(line.startswith("comm = mn.create_communicator(") for line in _main(result.output))
+
+    kept = convert_source(source, "train.py", ConvertOptions(target="chainermn"))
+    assert kept.error is None and not kept.changed
+    assert any(
+        e.message.startswith("nothing was parallelised")
+        for e in kept.entries
+        if e.severity == "needs-person"
+    )
 
 
 def test_models_and_optimizers_built_by_name_are_converted_where_bound() -> None:

@@ -274,3 +274,16 @@ def test_pipelined_shared_mean_in_threads(size: int, ordered: bool) -> None:
             np.testing.assert_allclose(got.astype(np.float64), mean, rtol=tol, atol=tol)
             for r in range(1, size):
                 assert np.array_equal(results[r][step][i], got), (i, r, step)
+
+
+def test_current_communicator_is_the_last_one_created(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a converted training helper fetches: the entry point's communicator."""
+    from mnify.runtime import communicators
+
+    monkeypatch.setattr(communicators, "_current", None)
+    with pytest.raises(RuntimeError, match="create_communicator"):
+        communicators.current_communicator()
+    comm = communicators.create_communicator("naive")
+    assert communicators.current_communicator() is comm
+    comm.split(0, comm.rank)  # a split is not the script's communicator
+    assert communicators.current_communicator() is comm

@@ -30,7 +30,7 @@ from mpi4py import MPI
 from mnify.runtime.communicators.base import CommunicatorBase
 from mnify.runtime.communicators.topology import Topology, host_name
 
-__all__ = ["CommunicatorBase", "create_communicator", "NAMES"]
+__all__ = ["CommunicatorBase", "create_communicator", "current_communicator", "NAMES"]
 
 # name -> (module, class)
 _CLASSES: dict[str, tuple[str, str]] = {
@@ -106,4 +106,24 @@ def create_communicator(
     if name == "auto":
         name = choose_auto(comm)
     cls = communicator_class(name)
-    return cls(comm, allreduce_grad_dtype=allreduce_grad_dtype, bucket_bytes=bucket_bytes)
+    made = cls(comm, allreduce_grad_dtype=allreduce_grad_dtype, bucket_bytes=bucket_bytes)
+    global _current
+    _current = made
+    return made
+
+
+_current: CommunicatorBase | None = None
+
+
+def current_communicator() -> CommunicatorBase:
+    """The communicator this process created last with :func:`create_communicator`.
+
+    For code that cannot be handed one: a script's training helper keeps its signature when
+    ``mnify convert`` makes it data-parallel, and fetches the entry point's communicator here
+    (as ``hvd.rank()`` or torch's default process group are reachable anywhere).
+    """
+    if _current is None:
+        raise RuntimeError(
+            "no communicator yet: call mn.create_communicator() before the code that uses it"
+        )
+    return _current
