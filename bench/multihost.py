@@ -103,6 +103,16 @@ def host_link_drops() -> tuple[int, int]:
     )
 
 
+def cpu_and_wait_s() -> tuple[float, float]:
+    """This process's CPU time and time spent runnable but waiting for a core (``run_delay``
+    of ``/proc/self/schedstat``), in seconds."""
+    try:
+        run, wait = Path("/proc/self/schedstat").read_text().split()[:2]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(run) / 1e9, int(wait) / 1e9
+
+
 def worker(reps: int, methods: list[str]) -> None:
     """One rank: time every method ``reps`` times; rank 0 prints the results as one JSON line."""
     import numpy as np
@@ -115,16 +125,20 @@ def worker(reps: int, methods: list[str]) -> None:
     shapes = resnet50_shapes()
     auto = choose_auto(world)
     comms = {}
-    for name in methods:  # "two_dimensional@8": that communicator with window 8
+    for name in methods:  # "two_dimensional@8": window 8; "two_dimensional@8s": and spinning
         comms[name] = create_communicator(name.split("@")[0])
         if "@" in name:
-            comms[name].window = int(name.split("@")[1])  # type: ignore[attr-defined]
+            setting = name.split("@")[1]
+            comms[name].window = int(setting.rstrip("s"))  # type: ignore[attr-defined]
+            comms[name].polite = not setting.endswith("s")  # type: ignore[attr-defined]
     models = {name: GradSet(shapes, world.Get_rank()) for name in methods}
     leader = next(iter(comms.values())).intra_rank == 0
     times: dict[str, list[float]] = {name: [] for name in methods}
     # per method, per rep: bytes sent, TCP retransmits, tbf drops, tbf overlimits (this host)
     counts: dict[str, list[list[int]]] = {name: [] for name in methods}
     spans: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}  # wall clock
+    # per rep, summed over ranks: CPU seconds used and seconds spent waiting for a core
+    sched: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}
 
     def counters() -> list[int]:
         if not leader:
@@ -134,21 +148,25 @@ def worker(reps: int, methods: list[str]) -> None:
     def once(name: str) -> tuple[float, list[int]]:
         world.Barrier()
         before = counters()
+        cpu0, wait0 = cpu_and_wait_s()
         wall = time.time()
         start = time.perf_counter()
         comms[name].multi_node_mean_grad(models[name])
         took = time.perf_counter() - start
+        cpu1, wait1 = cpu_and_wait_s()
         spans[name].append((wall, wall + took))
+        used = world.allreduce(np.array([cpu1 - cpu0, wait1 - wait0]), op=MPI.SUM)
         world.Barrier()
         after = counters()
         slowest = float(world.allreduce(took, op=MPI.MAX))
-        return slowest, [a - b for a, b in zip(after, before, strict=True)]
+        return slowest, [a - b for a, b in zip(after, before, strict=True)], used
 
     for name in methods:  # warm-up: connections, bucket plans, buffers
         once(name)
     for _ in range(reps):
         for name in methods:
-            took, delta = once(name)
+            took, delta, used = once(name)
+            sched[name].append((float(used[0]), float(used[1])))
             times[name].append(took)
             counts[name].append(delta)
     mine = (next(iter(comms.values())).host_name, counts) if leader else None
@@ -167,6 +185,7 @@ def worker(reps: int, methods: list[str]) -> None:
             "overlimits": {h: {m: sum(r[3] for r in c[m]) for m in c} for h, c in per_host},
             "per_rep": {h: c for h, c in per_host},
             "spans": spans,
+            "sched": sched,
         }
         print("BENCH " + json.dumps(result), flush=True)
     for comm in comms.values():
@@ -327,6 +346,9 @@ def drive(
     )
     for m in methods:
         print(f"{m} reps: " + " ".join(f"{t:.2f}" for t in times[m]))
+    print("per rep, summed over ranks: CPU s used / s runnable but waiting for a core")
+    for m in methods:
+        print(f"  {m}: " + " ".join(f"{c:.2f}/{w:.2f}" for c, w in result["sched"][m]))
     if sampler is not None:
         found = per_method_samples(sampler.samples, result["spans"])
         print(

@@ -33,12 +33,13 @@ hierarchical one (leader reduce, all-reduce, broadcast), as it is on a single ho
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from mnify.runtime import kernels
+from mnify.runtime import kernels, rank_state
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators.buckets import bucket_size, place_scale, reduced_in_place
 from mnify.runtime.communicators.hierarchical import HierarchicalCommunicator
@@ -56,6 +57,10 @@ OWN_BUCKET_BYTES = 64 << 10
 # while a rank waits for a core, and small buckets shorten the pipeline's fill and drain.
 WINDOW = 16
 PIPELINE_BUCKET_BYTES = 1 << 20
+# polite waiting: tests back to back, then sleeps doubling from the first to the longest
+_SPIN_TESTS = 16
+_FIRST_SLEEP = 20e-6
+_MAX_SLEEP = 200e-6
 
 
 class _Slot:
@@ -105,6 +110,8 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
     column_comm: MPI.Comm  # rank i of every host (COMM_NULL where hosts differ in rank counts)
     # buckets crossing the link at once; a rank holds window + 3 buckets' staging memory
     window: int = WINDOW
+    # waiting ranks sleep between tests instead of spinning in MPI_Waitall
+    polite: bool = True
 
     def __init__(
         self,
@@ -162,6 +169,26 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
             self._slot_key = key
         return self._slots
 
+    def _wait(self, requests: list[MPI.Request]) -> None:
+        """Until ``requests`` complete: test a few times, then sleep between tests (20 us
+        doubling to 200 us), so a rank that waits on the link gives its core to the ranks and
+        the kernel work (TCP, the shaper) that have something to do; under the watchdog, its
+        wait (which sleeps likewise and keeps the deadline)."""
+        if not self.polite or self._watchdog is not None:
+            self._wait_all(requests)
+            return
+        rank_state.wait_begins()
+        try:
+            for _ in range(_SPIN_TESTS):
+                if MPI.Request.Testall(requests):
+                    return
+            pause = _FIRST_SLEEP
+            while not MPI.Request.Testall(requests):
+                time.sleep(pause)
+                pause = min(pause * 2, _MAX_SLEEP)
+        finally:
+            rank_state.wait_ends()
+
     def _pipeline(
         self, buckets: list[list[np.ndarray]], wire: np.dtype[Any], sizes: set[int], scale: float
     ) -> None:
@@ -200,7 +227,7 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
         def across_hosts(k: int) -> None:
             flight = flights[k]
             assert flight is not None
-            self._wait_all(flight.requests)
+            self._wait(flight.requests)
             if placement.average:
                 kernels.unpack(flight.shard, [flight.shard], scale)
             if pair is None:
@@ -214,7 +241,7 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
         def all_gather(k: int) -> None:
             flight = flights[k]
             assert flight is not None
-            self._wait_all(flight.requests)
+            self._wait(flight.requests)
             if pair is not None:
                 # a + b == b + a bit for bit: both hosts get the same sum
                 np.add(flight.shard, flight.peer, out=flight.shard)
@@ -224,7 +251,7 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
         def finish(k: int) -> None:
             flight = flights[k]
             assert flight is not None
-            self._wait_all(flight.requests)
+            self._wait(flight.requests)
             if flight.packed:
                 kernels.unpack(flight.target, flight.views)
             flights[k] = None  # its slot is free for bucket k + len(slots)
