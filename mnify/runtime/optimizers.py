@@ -15,11 +15,14 @@ batch) and the ranks' gradients are averaged with equal weight. With equal per-r
 With uneven batches each rank's examples weigh ``1 / (size * local_batch)``; scale the local loss
 by ``local_batch * size / global_batch`` to weight every example equally.
 
-ChainerMN's first update only broadcasts, so the first batch is lost. Here, when ``update`` is
-given a loss function (as ``StandardUpdater`` does), the parameters are broadcast before the
-forward; lazily initialised ones are first created by a forward run in Chainer's
-``in_recomputing`` mode (no gradients, batch-norm statistics untouched). No batch is lost. Only ``update()`` without a loss function (gradients computed by the
-caller on parameters that were not yet in sync) still skips that one step.
+ChainerMN's first update only broadcasts, so the first batch is lost. Here ``setup(model)``
+broadcasts at once when every parameter has its shape, so a hand-written loop's first
+``loss.backward(); optimizer.update()`` is a real step on parameters every rank shares. When
+``update`` is given a loss function (as ``StandardUpdater`` does), parameters that are still
+lazy are created by a forward run in Chainer's ``in_recomputing`` mode (no gradients, batch-norm
+statistics untouched) and broadcast before the step. No batch is lost. Only ``update()``
+without a loss function on a model whose lazy parameters appeared in the caller's forward
+(gradients computed on parameters that were not yet in sync) still skips that one step.
 """
 
 from __future__ import annotations
@@ -125,6 +128,15 @@ class MultiNodeOptimizer(_WrapperBase):
         self._set_own("synced_signature", None)
         self._set_own("overlap", bool(overlap))
         self._set_own("_overlap_engine", OverlapEngine(communicator) if overlap else None)
+
+    def setup(self, link: chainer.Link) -> MultiNodeOptimizer:
+        """Set up the wrapped optimizer on ``link`` and, when every parameter already has its
+        shape, broadcast rank 0's parameters now (collective: every rank sets up), so that the
+        first ``update()`` of a hand-written loop is a real step, not only a broadcast."""
+        self.actual_optimizer.setup(link)
+        if all(shape is not None for _, shape in param_signature(link)):
+            self._broadcast_if_changed()
+        return self
 
     @property
     def overlap_stats(self) -> OverlapStats | None:

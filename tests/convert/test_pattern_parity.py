@@ -67,16 +67,6 @@ class Case:
     xfail: str | None = None
 
 
-P4_LOOP_FIRST_UPDATE = (
-    "pattern 4: the converted hand-written loop does `loss.backward(); optimizer.update()`; "
-    "the multi-node optimizer's first update() without a loss function only broadcasts rank "
-    "0's parameters and skips the step (ChainerMN's behaviour, mnify/runtime/optimizers.py), "
-    "so the converted run makes one update fewer than the original and its first batch is "
-    "lost; the converter inserts no broadcast before the loop (e.g. comm.bcast_data(model); "
-    "optimizer.mark_synchronized() after the optimizer is set up) and the report does not "
-    "say so. With those two lines added by hand the parameters agree to 2e-16"
-)
-
 CASES = [
     Case(
         id="p1-yaml-getattr-model-bn-helper-optimizer",
@@ -153,7 +143,6 @@ CASES = [
         args=("--tokens", "160", "--updates", "4", "--bproplen", "3"),
         expect=("train = mn.scatter_dataset(train, comm)",),
         rank0_calls=("synthetic_corpus",),
-        xfail=P4_LOOP_FIRST_UPDATE,
     ),
     Case(
         id="p6-load-in-if-branch",

@@ -21,7 +21,7 @@ CHECKS = [
     "a head unused on some ranks: zero_fill averages zeros for it",
     "lazily initialised Linear(None, n): broadcast after init, no batch lost",
     "one extra forward, in recomputing mode, only when lazy parameters appear",
-    "update() without a loss function broadcasts first, then averages",
+    "update() without a loss function: a real first step once setup has broadcast",
     "attributes pass through to the wrapped optimizer",
     "a Trainer with StandardUpdater equals one process on the global batches",
 ]

@@ -274,33 +274,42 @@ passed("one extra forward, in recomputing mode, only when lazy parameters appear
 
 
 def check_update_without_lossfun() -> None:
-    """Gradients computed by the caller: the first update only broadcasts (ChainerMN's rule)."""
-    np.random.seed(200 + rank)
-    model = MLP(multi_node_bn, lazy=False)
-    opt = mn.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.1), comm)
-    opt.setup(model)
-    np.random.seed(200)
-    rank0_init = persistent_arrays(MLP(plain_bn, lazy=False))
-    x = np.random.RandomState(rank).randn(4, 5)
-    t = np.zeros(4, np.int32)
-    for step in range(2):
-        model.cleargrads()
-        F.softmax_cross_entropy(model(x), t).backward()
-        opt.update()
-        params = {n: np.asarray(p.array) for n, p in model.namedparams()}
-        if step == 0:
-            assert opt.t == 0
-            for n, value in params.items():
-                assert np.array_equal(value, rank0_init[n]), f"{n} not rank 0's after broadcast"
-    assert opt.t == 1
-    everyone = comm.allgather_obj(params)
-    for other in everyone:
-        for n in params:
-            assert np.array_equal(other[n], params[n]), f"{n} differs between ranks"
+    """Gradients computed by the caller (a hand-written loop). With every parameter's shape
+    known, ``setup`` broadcasts rank 0's parameters, so the first update is a real step; with
+    lazy parameters born in the caller's forward, the first update only broadcasts (ChainerMN's
+    rule, the one case that still loses a step)."""
+    for lazy in (False, True):
+        np.random.seed(200 + rank)
+        model = MLP(multi_node_bn, lazy=lazy)
+        opt = mn.create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.1), comm)
+        opt.setup(model)
+        np.random.seed(200)
+        rank0_init = persistent_arrays(MLP(plain_bn, lazy=lazy))
+        x = np.random.RandomState(rank).randn(4, 5)
+        t = np.zeros(4, np.int32)
+        if not lazy:
+            after_setup = {n: np.asarray(p.array) for n, p in model.namedparams()}
+            for n, value in after_setup.items():
+                assert np.array_equal(value, rank0_init[n]), f"{n} not rank 0's after setup"
+        for step in range(2):
+            model.cleargrads()
+            F.softmax_cross_entropy(model(x), t).backward()
+            opt.update()
+            params = {n: np.asarray(p.array) for n, p in model.namedparams()}
+            if step == 0 and lazy:
+                assert opt.t == 0  # only broadcast: the gradients came from unshared weights
+                for other in comm.allgather_obj(params):
+                    for n in params:
+                        assert np.array_equal(other[n], params[n]), f"{n} not broadcast"
+        assert opt.t == (1 if lazy else 2), (lazy, opt.t)
+        everyone = comm.allgather_obj(params)
+        for other in everyone:
+            for n in params:
+                assert np.array_equal(other[n], params[n]), f"{n} differs between ranks"
 
 
 check_update_without_lossfun()
-passed("update() without a loss function broadcasts first, then averages", comm)
+passed("update() without a loss function: a real first step once setup has broadcast", comm)
 
 
 def check_attribute_pass_through() -> None:
