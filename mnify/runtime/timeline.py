@@ -62,6 +62,8 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
+from mnify.runtime.communicators.marks import collective_names
+
 ENV_DIR = "MNIFY_TIMELINE"
 ENV_EVENTS = "MNIFY_TIMELINE_EVENTS"
 DEFAULT_EVENTS = 1 << 17
@@ -107,28 +109,8 @@ class Category(IntEnum):
     DEVICE = 8  # GPU time of a span (aux: the category of the host span it times)
 
 
-# Public methods of the communicators that every rank calls together, and the point-to-point
-# ones. tests/timeline checks these against the methods that enter a collective.
-COLLECTIVES = (
-    "all_reduce",
-    "allgather",
-    "allgather_obj",
-    "allreduce",
-    "allreduce_grad",
-    "allreduce_obj",
-    "alltoall",
-    "barrier",
-    "bcast",
-    "bcast_data",
-    "bcast_obj",
-    "broadcast_data",
-    "gather",
-    "gather_obj",
-    "multi_node_mean_grad",
-    "scatter",
-    "scatter_obj",
-    "split",
-)
+# The collectives are the communicator's own marked methods (communicators/marks.py); these are
+# the point-to-point ones. tests/timeline checks both against the methods that enter a collective.
 POINT_TO_POINT = ("recv", "recv_obj", "send", "send_obj")
 # per-bucket entry points: name -> index of the argument whose .nbytes is the bucket's size
 BUCKET_METHODS = {"_allreduce_into": 1, "_shared_mean": 2}
@@ -713,7 +695,8 @@ def _model_bytes(state: _CommState, model: Any) -> int:
 
 def _wrap_communicator(rec: Recorder, comm: Any, comm_id: int) -> None:
     state = _CommState(comm, comm_id)
-    for names, cat in ((COLLECTIVES, Category.COLLECTIVE), (POINT_TO_POINT, Category.P2P)):
+    collectives = sorted(collective_names(type(comm)))
+    for names, cat in ((collectives, Category.COLLECTIVE), (POINT_TO_POINT, Category.P2P)):
         for name in names:
             method = getattr(comm, name, None)
             if method is not None:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from mnify import vocabulary as vocab
-from mnify.runtime import timeline
 from mnify.runtime.communicators import NAMES, communicator_class
 from mnify.runtime.communicators.base import CommunicatorBase
 from mnify.runtime.communicators.marks import collective, collective_names
@@ -82,11 +81,6 @@ def test_a_public_method_is_marked_exactly_when_it_enters_a_collective(cls: type
             f"{cls.__name__}.{name}: {'enters' if enters else 'does not enter'} a collective "
             f"but is {'marked' if name in marked else 'not marked'}"
         )
-
-
-@by_name
-def test_the_timeline_records_every_marked_collective(cls: type) -> None:
-    assert collective_names(cls) == set(timeline.COLLECTIVES)
 
 
 def test_the_mark_leaves_the_method_as_it_was() -> None:

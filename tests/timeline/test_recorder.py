@@ -262,26 +262,29 @@ def _entering_methods() -> dict[str, str]:
 
 
 def test_every_collective_and_point_to_point_method_is_wrapped() -> None:
+    from mnify.runtime.communicators.base import CommunicatorBase
+    from mnify.runtime.communicators.marks import collective_names
+
+    collectives = collective_names(CommunicatorBase)  # what the timeline wraps
     entering = _entering_methods()
     assert entering, "no communicator method enters a collective: the scan is broken"
     for name, how in entering.items():
-        wanted = timeline.POINT_TO_POINT if how == "_enter_p2p" else timeline.COLLECTIVES
+        wanted = timeline.POINT_TO_POINT if how == "_enter_p2p" else collectives
         assert name in wanted, f"{name} enters a collective but the timeline does not wrap it"
-    from mnify.runtime.communicators.base import CommunicatorBase
-
-    for name in (*timeline.COLLECTIVES, *timeline.POINT_TO_POINT, *timeline.BUCKET_METHODS):
+    for name in (*collectives, *timeline.POINT_TO_POINT, *timeline.BUCKET_METHODS):
         assert callable(getattr(CommunicatorBase, name, None)), name
 
 
 def test_without_the_variable_nothing_is_wrapped(monkeypatch: pytest.MonkeyPatch) -> None:
     from mnify.runtime import kernels
     from mnify.runtime.communicators import create_communicator
+    from mnify.runtime.communicators.marks import collective_names
 
     monkeypatch.delenv(timeline.ENV_DIR, raising=False)
     pack = kernels.pack
     comm = create_communicator("flat")
     try:
-        wrapped = set(vars(comm)) & {*timeline.COLLECTIVES, *timeline.POINT_TO_POINT}
+        wrapped = set(vars(comm)) & {*collective_names(type(comm)), *timeline.POINT_TO_POINT}
         assert not wrapped and "_allreduce_into" not in vars(comm)
         assert kernels.pack is pack and timeline.recorder() is None
     finally:
