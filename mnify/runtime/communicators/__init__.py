@@ -66,11 +66,12 @@ def choose_auto(mpi_comm: MPI.Intracomm) -> str:
     # Hosts that really are separate machines (MPI cannot share memory across them) and all
     # run the same number of ranks: the pipelined two-dimensional scheme. bench/multihost.py on
     # the 2x2 test bed (1 Gbit/s links, ResNet-50's 102 MB, link floor 0.82 s, 2 cores shared
-    # with other jobs at load 8-24), medians over 5 reps of one launch:
-    # two_dimensional 0.93 / 0.93 / 0.94 s (1.13-1.15x the floor; best 0.89), hierarchical
-    # 1.12 / 1.15 / 1.82 s, flat 2.5 / 6.8 / 14 s (bimodal from rep to rep: 0.86-16 s), see
-    # docs/testbed.md. Elsewhere (uneven hosts; host names faked on one machine, where there
-    # is no link to keep busy) hierarchical, as before.
+    # with other jobs), three launches of 5 interleaved reps at load 3.4-5.0, medians:
+    # two_dimensional 0.91 / 0.89 / 0.92 s (1.09-1.12x the floor, every rep 0.89-0.95 s),
+    # hierarchical 0.99 / 0.96 / 0.95 s (reps 0.88-1.34), flat 1.05 / 0.95 / 1.17 s (reps
+    # 0.91-3.47; medians of 2.5-14 s in other launches: Open MPI's han, docs/testbed.md).
+    # Elsewhere (uneven hosts; host names faked on one machine, where there is no link to keep
+    # busy) hierarchical, as before.
     node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
     apart = node.Get_size() < mpi_comm.Get_size()
     node.Free()

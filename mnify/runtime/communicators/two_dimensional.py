@@ -14,11 +14,13 @@ consecutive buckets overlap:
    same bits); with more, a non-blocking MPI all-reduce;
 3. inside the host, the ranks all-gather the finished shares.
 
-All three are non-blocking MPI collectives on three communicators, driven by a fixed schedule
-(the same on every rank, so each communicator sees its collectives in the same order): while the
-column all-reduces of bucket ``k`` cross the link (and ``k + 1``'s are queued behind them), the
-host reduce-scatters bucket ``k + 2`` and all-gathers bucket ``k - 1``. Waiting on one request
-drives Open MPI's progress engine for all of them, so the link never waits for a host's stages.
+All three are non-blocking MPI operations on three communicators, driven by a fixed schedule
+(the same on every rank, so each communicator sees its collectives in the same order): while
+buckets ``k .. k + window - 1`` cross the link, the host reduce-scatters bucket ``k + window``
+and all-gathers bucket ``k - 1``. Testing any request drives Open MPI's progress engine for all
+of them; a waiting rank sleeps between tests (20-200 us) instead of spinning, leaving the cores
+to the ranks and the kernel's network work that have something to do. Buckets default to 1 MiB
+(``bucket_bytes`` overrides), with 16 crossing at once (``window``); see the figures below.
 
 Exactness: every element of a share is summed inside a host by one reduce-scatter and across
 hosts by one all-reduce whose result every column member shares, then copied by the all-gather,
@@ -49,12 +51,13 @@ from mnify.runtime.communicators.shared_memory import SharedMemoryReducer, share
 # value the MPI path of the other communicators uses).
 OWN_BUCKET_BYTES = 64 << 10
 # Buckets whose inter-host stage is in flight at once, and their default size. On the 2x2 test
-# bed (1 Gbit/s links, 2 cores shared with other jobs, load 8-10), ResNet-50's 102 MB, seconds
-# per mean over 5 reps against a link floor of 0.82 s: 4 MiB buckets with window 1 / 4 / 8 / 16
-# took a median of 1.30 / 1.08 / 1.03 / 1.03; window 16 with 8 / 4 / 2 / 1 MiB buckets
-# 1.07 / 0.97 / 0.94 / 0.91, 1 MiB with window 32 0.89, 512 KiB with window 64 1.01. The shaper's
-# queue stayed under 0.7 MB (no bufferbloat): what the window buys is data queued in sockets
-# while a rank waits for a core, and small buckets shorten the pipeline's fill and drain.
+# bed (1 Gbit/s links, 2 cores shared with other jobs, load 8-11), ResNet-50's 102 MB, median
+# seconds per mean of 5 reps against a link floor of 0.82 s (spinning waits then): 4 MiB
+# buckets with window 1 / 4 / 8 / 16 took 1.30 / 1.08 / 1.03-1.10 / 1.03 (two launches);
+# 8 MiB with window 8, 1.08; 4 MiB with 16, 0.97; 2 MiB with 32, 0.94; 1 MiB with 16, 0.91;
+# 1 MiB with 32, 0.89; 512 KiB with 64, 1.01. The shaper's queue stayed under 1 MB (no
+# bufferbloat): what the window buys is data queued in sockets while a rank waits for a core,
+# and small buckets shorten the pipeline's fill and drain. 16 of 1 MiB: 19-38 MiB of staging.
 WINDOW = 16
 PIPELINE_BUCKET_BYTES = 1 << 20
 # polite waiting: tests back to back, then sleeps doubling from the first to the longest

@@ -1,9 +1,10 @@
 """Rank script: a training loop's communication pattern, for fault injection on the test bed.
 
 Usage: ``train_loop.py STEPS FLOATS [PAUSE]``. Each step averages a fake model's gradients
-(``FLOATS`` float32 values in three arrays) with ``create_communicator('auto')`` (hierarchical
-across hosts), checks the mean, prints ``STEP k <seconds>`` and sleeps ``PAUSE`` seconds (the
-"compute"). Ends with ``DONE``. Every rank prints, so the test sees which hosts are alive.
+(``FLOATS`` float32 values in three arrays) with ``create_communicator('auto')``
+(two_dimensional across equally crowded hosts, hierarchical across uneven ones), checks the
+mean, prints ``STEP k <seconds>`` and sleeps ``PAUSE`` seconds (the "compute"). Ends with
+``DONE``. Every rank prints, so the test sees which hosts are alive.
 """
 
 from __future__ import annotations
