@@ -152,3 +152,18 @@ def test_every_collective_on_real_hosts(bed3: TestBed) -> None:
         not_passed = missing(lines, names)
         assert not not_passed, f"rank {r} did not finish {not_passed}\n{run.describe()}"
         assert "CLASS auto hierarchical" in lines, run.describe()
+
+
+def test_every_collective_on_two_dimensional_across_hosts(bed3: TestBed) -> None:
+    """The same collective checks on two hosts of two ranks, where auto is two_dimensional:
+    default and 64-byte buckets, under MNIFY_DEBUG's signature checks and the watchdog."""
+    names = ["two_dimensional", "two_dimensional/small", "auto"]
+    env = {"MNIFY_DEBUG": "1", "MNIFY_WATCHDOG_TIMEOUT": "60"}
+    run = bed3.run(
+        [2, 2], RUNTIME_TESTS / "comm_scripts" / "collectives.py", names, env=env, timeout=240
+    )
+    for r in range(4):
+        lines = run.rank_lines(r)
+        not_passed = missing(lines, names)
+        assert not not_passed, f"rank {r} did not finish {not_passed}\n{run.describe()}"
+        assert "CLASS auto two_dimensional" in lines, run.describe()
