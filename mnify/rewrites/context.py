@@ -284,19 +284,29 @@ class FileContext:
         self.entries = [e for e in self.entries if id(e) not in dropped]
 
     def before_comm_exists(self, stmt: cst.BaseStatement) -> bool:
-        """``stmt`` runs before the script's own ``comm = create_communicator(...)`` in the same
-        function (a guard there would read ``comm`` before it is bound)."""
+        """``stmt`` runs before ``comm`` is bound in the same function: before the script's own
+        ``comm = create_communicator(...)``, or at or before the statement the converter puts
+        the communicator after (a guard there would read ``comm`` before it is bound)."""
         entry = self.entry
-        if entry is None or not entry.exists or entry.creation is None:
+        if entry is None:
             return False
-        block = self.facts.block_of.get(id(entry.creation))
+        if entry.exists:
+            if entry.creation is None:
+                return False
+            where, inclusive = entry.creation, False
+        elif entry.anchor is not None:
+            where, inclusive = entry.anchor, True  # the new comm goes right after the anchor
+        else:
+            return False
+        block = self.facts.block_of.get(id(where))
         if block is None:
             return False
         siblings = list(block.body)
         current: cst.BaseStatement | None = stmt
         while current is not None:
             if any(s is current for s in siblings):
-                return siblings.index(current) < siblings.index(entry.creation)
+                here, there = siblings.index(current), siblings.index(where)
+                return here <= there if inclusive else here < there
             current = self.facts.parent_statement(current)
         return False
 

@@ -859,11 +859,6 @@ def test_skeleton_scatters_data_after_loading_it(skeleton: Skeleton) -> None:
         check_scatter_after_assignment(output)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="converter: guards prints in helpers called before comm exists "
-    "(test_converter_bug_found_by_the_search[guard-uses-comm-before-it-exists])",
-)
 @_skeleton_test(1.0)
 def test_skeleton_uses_the_communicator_where_it_exists(skeleton: Skeleton) -> None:
     _show(skeleton)
@@ -897,11 +892,6 @@ def test_skeleton_guards_reach_no_collective(skeleton: Skeleton) -> None:
         check_no_collective_under_guard(skeleton.source, output)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="converter: a guarded call of a writing helper at the end of a loop body gives "
-    "MN302 (test_converter_bug_found_by_the_search[writing-helper-ends-loop-body])",
-)
 @_skeleton_test(0.6)
 def test_skeleton_conversion_adds_no_divergent_work_before_collectives(
     skeleton: Skeleton,
@@ -1107,6 +1097,7 @@ CONVERTER_BUGS = [
         optimizer = chainer.optimizers.Adam()
         optimizer.setup(model)
         """,
+        fixed="before_comm_exists knows where the new comm goes",
     ),
     _found(
         "second-pass-guards-call-before-comm",
@@ -1231,6 +1222,7 @@ CONVERTER_BUGS = [
         if __name__ == '__main__':
             main()
         """,
+        fixed="a helper that calls what it is handed is not writes-only",
     ),
     _found(
         "writing-helper-ends-loop-body",
@@ -1255,6 +1247,7 @@ CONVERTER_BUGS = [
                 optimizer.update()
                 log_progress(step)
         """,
+        fixed="lint MN302: this file's bookkeeping functions are no work",
     ),
     _found(
         "save-ends-loop-body",

@@ -208,6 +208,30 @@ class _RankIf:
         self.collective = False
 
 
+class _OutermostCalls(cst.CSTVisitor):
+    """The calls of a body not nested in another call's arguments, and whether it loops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[cst.Call] = []
+        self.loops = False
+        self._depth = 0
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self._depth == 0:
+            self.calls.append(node)
+        self._depth += 1
+
+    def leave_Call(self, original_node: cst.Call) -> None:
+        self._depth -= 1
+
+    def visit_For(self, node: cst.For) -> None:
+        self.loops = True
+
+    def visit_While(self, node: cst.While) -> None:
+        self.loops = True
+
+
 class DivergentWorkBeforeTimedCollective(Rule):
     """Fires, in a distributed script, on the first collective performed inside a loop (or on
     ``trainer.run()``) that follows, in the same block, a rank-conditional ``if`` doing work, with
@@ -220,7 +244,7 @@ class DivergentWorkBeforeTimedCollective(Rule):
     ``print``/``len``, ``extend``/``append``/``format``/``write``/``flush``/``writerow``/``close``/logging methods,
     extension constructors, ``create_empty_dataset``, ``chainer.links`` constructors and classes
     defined in the file, ``os.path``/``os.makedirs``/``os.mkdir``, and writing a file: ``open``, ``csv`` writers, ``np.save``,
-    ``json``/``pickle`` dumps, ``savefig``, the serializers and building the computational graph to dump it — what rank 0 alone does as a
+    ``json``/``pickle`` dumps, ``savefig``, the serializers and building the computational graph to dump it, and calls of this file's functions made only of such bookkeeping — what rank 0 alone does as a
     matter of course), and contains
     no collective itself (those are MN301's business). ``rank >= 0``/``rank < 0`` tests are the
     same on every rank and never count."""
@@ -258,9 +282,23 @@ class DivergentWorkBeforeTimedCollective(Rule):
         self._function_starts: list[int] = [0]  # blocks of enclosing functions do not count
         self._call_depth = 0  # only outermost calls count as work: extend(factory(...)) is cheap
         self._next_block_is_loop_body = False
+        self._cheap_functions: set[str] = set()
 
     def visit_Module(self, node: cst.Module) -> None:
         self._blocks.append(_Block(self.ctx.loop_depth))
+        self._cheap_functions = self._bookkeeping_functions(node)
+
+    def _bookkeeping_functions(self, module: cst.Module) -> set[str]:
+        """Module-level functions whose body is only cheap bookkeeping (a ``log_progress(step)``
+        that appends a line to a file): calling one is no work either."""
+        found: set[str] = set()
+        for stmt in module.body:
+            if isinstance(stmt, cst.FunctionDef):
+                body = _OutermostCalls()
+                stmt.body.visit(body)
+                if not body.loops and not any(self._is_work(c) for c in body.calls):
+                    found.add(stmt.name.value)
+        return found
 
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         self._blocks.append(_Block(self.ctx.loop_depth, self._next_block_is_loop_body))
@@ -362,6 +400,8 @@ class DivergentWorkBeforeTimedCollective(Rule):
         func = call.func
         if isinstance(func, cst.Name) and func.value in self.ctx.class_names:
             return False  # building a model defined here: allocation, not a long task
+        if isinstance(func, cst.Name) and func.value in self._cheap_functions:
+            return False  # a function of this file that only does bookkeeping
         if isinstance(func, cst.Attribute):
             if func.attr.value in N.CHEAP_METHODS:
                 return False
