@@ -47,7 +47,8 @@ def distribute_extensions(trainer: Any, comm: CommunicatorBase) -> Any:
             gather = (
                 _overrides_evaluate(extension)
                 if original is None
-                else getattr(original, "__func__", None) is not chainer_extensions.Evaluator.evaluate
+                else getattr(original, "__func__", None)
+                is not chainer_extensions.Evaluator.evaluate
             )
             create_multi_node_evaluator(extension, comm, gather=gather)
         elif comm.rank != 0:
