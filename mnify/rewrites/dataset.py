@@ -430,7 +430,17 @@ def _plan_group(
             last = i == len(run) - 1
             ctx.plan.unguard(stmt)
             ctx.plan.guard_stmt(stmt, Guard(f"data{n}", tuple(names) if last else ()))
-    ctx.plan.insert_after(body[end], scatters)
+    # prints of the whole data between the loading and the iterators ('#tokens: %d') are rank
+    # 0's, which still has it all: the scatter goes after the last of them
+    told = [
+        i
+        for i in range(end + 1, item.first_iterator)
+        if _is_print(ctx, body[i])
+        and names_in([body[i]]) & wanted
+        and not mentions_rank(body[i])
+        and not ctx.suppressed(body[i], "rank0-guard", "MN902")
+    ]
+    ctx.plan.insert_after(body[max([end, *told])], scatters)
     loaded = {b for run in _runs(ctx, units) for _, bound in run for b in bound}
     for name in [d for d in ordered if d in loaded]:
         claim: Claim = ("rank0-loads", name)
