@@ -376,9 +376,44 @@ def _distribute_after(ctx: FileContext, call: CallFact, lift: Lift) -> None:
     )
 
 
+def _collective_argument(ctx: FileContext, call: cst.Call) -> str | None:
+    """An argument that is, once converted, an object whose use is a collective: an evaluator
+    (multi-node), an optimizer (its update averages), a communicator. A helper handed one may
+    use it, so its call cannot run on rank 0 alone (the others would never join)."""
+    for arg in call.args:
+        value = arg.value
+        made = [ctx.facts.call_of(value)]
+        if isinstance(value, cst.Name):
+            made += [ctx.facts.call_of(a.value) for a in ctx.facts.assigns_of(value.value)]
+        for fact in made:
+            if fact is None:
+                continue
+            q = fact.qname
+            if (
+                vocab.is_evaluator(q)
+                or vocab.is_evaluator_class(q)
+                or vocab.is_multi_node_evaluator_factory(q)
+                or vocab.is_optimizer(q)
+                or vocab.is_multi_node_optimizer_factory(q)
+                or vocab.is_communicator_factory(q)
+            ):
+                return ctx.code(value)
+    return None
+
+
 def _guard_call(ctx: FileContext, call: CallFact, target: cst.Call, lift: Lift) -> None:
     stmt = call.stmt
     assert stmt is not None
+    handed = _collective_argument(ctx, call.node)
+    if handed is not None:
+        ctx.note(
+            call.node,
+            "rank0-guard",
+            "needs-person",
+            f"{lift.name} writes ({lift.label}) on every rank, but it is handed {handed}, whose "
+            "use is a collective every rank must join: split the writing out and guard only it",
+        )
+        return
     reached = ctx.reaches_collective(stmt)
     if not _alone_on_its_line(stmt, target) or reached is not None:
         ctx.note(

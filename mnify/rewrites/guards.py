@@ -297,26 +297,10 @@ def _writes_only(ctx: FileContext, func: cst.FunctionDef) -> bool:
                 if isinstance(small, cst.Return) and small.value is not None:
                     if not (isinstance(small.value, cst.Name) and small.value.value in nested):
                         return False
-    params = {
-        p.name.value
-        for p in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params)
-    }
     for call in _calls_in(ctx, func):
         if _writer_name(ctx, call) is not None:
             continue
         if call.method in _STATEFUL_METHODS or call.method in vocab.COLLECTIVE_METHODS:
-            return False
-        # what the caller hands in may be a collective once converted (an evaluator): calling
-        # it, or a method of it, is no mere write
-        callee = call.node.func
-        if isinstance(callee, cst.Name) and callee.value in params:
-            return False
-        if (
-            isinstance(callee, cst.Attribute)
-            and isinstance(callee.value, cst.Name)
-            and callee.value.value in params
-            and callee.attr.value not in vocab.CHEAP_METHODS
-        ):
             return False
         if vocab.is_scatter(call.qname) or vocab.is_communicator_factory(call.qname):
             return False
