@@ -1,7 +1,7 @@
 """``MNIFY_DEBUG=1``: ranks compare what they pass to each collective before running it.
 
 Two ranks that enter different collectives, or the same one with different shapes, hang or
-silently corrupt data (seed 003). In debug mode a communicator first allgathers a
+silently corrupt data. In debug mode a communicator first allgathers a
 :class:`CallSignature` (kind, root, the dtypes and shapes of its arrays) and every rank checks
 that all signatures agree; on a mismatch every rank raises the same
 :class:`~mnify.runtime.errors.CollectiveMismatch`, naming ranks and what each passed::

@@ -179,6 +179,6 @@ class Collectives(Transport):
     def barrier(self) -> None:
         """Wait for every rank. Never timed by the watchdog: it is the explicit synchronisation
         point to put before timed collectives when ranks legitimately drift apart (rank 0
-        evaluating while the others wait, seed 000)."""
+        evaluating while the others wait)."""
         self._enter(CallSignature("barrier"), timed=False)
         self._mpi(self.mpi_comm, "Barrier")
