@@ -86,8 +86,9 @@ class ManualEvaluator(extensions.Evaluator):  # type: ignore[misc]
         return {"main/loss": total / count} if count else {}
 
 
-def check_in_trainer() -> None:
-    """As the converter emits it: extended to a trainer on every rank, reported under its name."""
+def one_step_trainer(out: str) -> tuple[chainer.Link, Any, Any]:
+    """A model, a one-iteration trainer on a shard of 8 examples (lr 0: the model stays as it
+    is), and an iterator over this rank's uneven shard of 11 test examples."""
     model = make_model()
     train = scatter_dataset(make_data(8) if rank == 0 else None, comm)
     test = scatter_dataset(make_data(11) if rank == 0 else None, comm, force_equal_length=False)
@@ -96,8 +97,13 @@ def check_in_trainer() -> None:
     updater = chainer.training.StandardUpdater(
         chainer.iterators.SerialIterator(train, 2), optimizer
     )
-    trainer = chainer.training.Trainer(updater, (1, "iteration"), out="/tmp/mnify-eval-test")
-    test_it = chainer.iterators.SerialIterator(test, 4, repeat=False, shuffle=False)
+    trainer = chainer.training.Trainer(updater, (1, "iteration"), out=out)
+    return model, trainer, chainer.iterators.SerialIterator(test, 4, repeat=False, shuffle=False)
+
+
+def check_in_trainer() -> None:
+    """As the converter emits it: extended to a trainer on every rank, reported under its name."""
+    model, trainer, test_it = one_step_trainer("/tmp/mnify-eval-test")
     trainer.extend(
         create_multi_node_evaluator(extensions.Evaluator(test_it, model), comm),
         trigger=(1, "iteration"),
@@ -132,17 +138,9 @@ def check_distributed_extensions() -> None:
 
     from mnify.runtime.extensions.distribute import distribute_extensions
 
-    model = make_model()
-    train = scatter_dataset(make_data(8) if rank == 0 else None, comm)
-    test = scatter_dataset(make_data(11) if rank == 0 else None, comm, force_equal_length=False)
-    optimizer = chainer.optimizers.SGD(lr=0.0)
-    optimizer.setup(model)
-    updater = chainer.training.StandardUpdater(
-        chainer.iterators.SerialIterator(train, 2), optimizer
-    )
     out = tempfile.mkdtemp(prefix=f"mnify-distribute-{rank}-")
-    trainer = chainer.training.Trainer(updater, (1, "iteration"), out=out)
-    add_extensions(trainer, model, chainer.iterators.SerialIterator(test, 4, False, False))
+    model, trainer, test_it = one_step_trainer(out)
+    add_extensions(trainer, model, test_it)
     distribute_extensions(trainer, comm)
     distribute_extensions(trainer, comm)  # idempotent
     trainer.run()
