@@ -38,20 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def resnet50_param_shapes() -> list[tuple[int, ...]]:
-    """ResNet-50's parameter shapes in registration order (161 arrays, 25,557,032 floats)."""
-    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
-    in_ch = 64
-    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
-        out_ch = 4 * width
-        for b in range(blocks):
-            shapes += [(width, in_ch, 1, 1), (width,), (width,)]
-            shapes += [(width, width, 3, 3), (width,), (width,)]
-            shapes += [(out_ch, width, 1, 1), (out_ch,), (out_ch,)]
-            if b == 0:
-                shapes += [(out_ch, in_ch, 1, 1), (out_ch,), (out_ch,)]
-            in_ch = out_ch
-    shapes += [(1000, 2048), (1000,)]
-    return shapes
+    """ResNet-50's parameter shapes in registration order: bench/gpu.py's (run from anywhere,
+    as gpu_check.sh and the smoke test's runpy do, so its folder is put on the path)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu import resnet50_param_shapes as shapes
+
+    return shapes()
 
 
 def gpu_time(cupy: Any, fn: Callable[[], Any], repeat: int) -> float:
