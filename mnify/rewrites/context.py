@@ -228,8 +228,8 @@ class FileContext:
         train (it builds an optimizer it does not hand back, so no wrapping at its call can make
         it data-parallel). Such a helper keeps its signature and gets the communicator with
         ``comm = mn.current_communicator()`` as its first statement."""
-        if func is None:
-            return None
+        if func is None or self.entry is None:
+            return None  # asked before the entry point is known: nothing to cache yet
         if self._training_helpers is None:
             self._training_helpers = self._find_training_helpers()
         scope = self._outermost(func)
