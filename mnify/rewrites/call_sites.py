@@ -377,9 +377,10 @@ def _distribute_after(ctx: FileContext, call: CallFact, lift: Lift) -> None:
 
 
 def _collective_argument(ctx: FileContext, call: cst.Call) -> str | None:
-    """An argument that is, once converted, an object whose use is a collective: an evaluator
-    (multi-node), an optimizer (its update averages), a communicator. A helper handed one may
-    use it, so its call cannot run on rank 0 alone (the others would never join)."""
+    """An evaluator argument: once converted, calling it is a collective, and a writing helper
+    handed one may call it (``report(evaluator, epoch)``), so its call cannot run on rank 0
+    alone. (Optimizers and communicators are safe to hand over: a writes-only helper never
+    updates one or calls its collectives; saving them is what checkpoint helpers do.)"""
     for arg in call.args:
         value = arg.value
         made = [ctx.facts.call_of(value)]
@@ -393,9 +394,6 @@ def _collective_argument(ctx: FileContext, call: cst.Call) -> str | None:
                 vocab.is_evaluator(q)
                 or vocab.is_evaluator_class(q)
                 or vocab.is_multi_node_evaluator_factory(q)
-                or vocab.is_optimizer(q)
-                or vocab.is_multi_node_optimizer_factory(q)
-                or vocab.is_communicator_factory(q)
             ):
                 return ctx.code(value)
     return None
@@ -410,8 +408,9 @@ def _guard_call(ctx: FileContext, call: CallFact, target: cst.Call, lift: Lift) 
             call.node,
             "rank0-guard",
             "needs-person",
-            f"{lift.name} writes ({lift.label}) on every rank, but it is handed {handed}, whose "
-            "use is a collective every rank must join: split the writing out and guard only it",
+            f"{lift.name} writes ({lift.label}) on every rank, but it is handed {handed}, an "
+            "evaluator: calling it is a collective every rank must join, so split the writing "
+            "out and guard only it",
         )
         return
     reached = ctx.reaches_collective(stmt)
