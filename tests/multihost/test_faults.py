@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -55,9 +56,11 @@ def test_host_link_down_mid_training_names_its_ranks(
     bed.link_down("mnb")
     run = job.wait(timeout=watchdog + 10)
     assert not run.timed_out, f"job still running {watchdog + 10:g} s after the link went down"
-    # mnb's ranks 2 and 3 are the ones named, by the ranks still reachable (on mna).
+    # mnb's ranks 2 and 3 are the ones named, by the ranks still reachable (on mna). Under
+    # two_dimensional (what auto picks here) both mna ranks wait across the cable, so either
+    # one may time out and abort first.
     assert "rank(s) 2-3 never arrived" in run.output, run.describe()
-    assert "[mnify] rank 0 (host mna) failed:" in run.output
+    assert re.search(r"\[mnify\] rank [01] \(host mna\) failed:", run.output), run.describe()
     # Open MPI 5.0.11 exits 0 when it ends a job because it lost a daemon, even after a rank's
     # MPI_Abort(1); it does print why. Anything else must be a failure status.
     assert run.returncode != 0 or LOST_DAEMON in run.output, run.describe()
