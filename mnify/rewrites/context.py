@@ -94,6 +94,7 @@ class FileContext:
     # current_communicator() (id -> function); those whose code was given comm
     _training_helpers: dict[int, cst.FunctionDef] | None = None
     helpers_given_comm: dict[int, cst.FunctionDef] = field(default_factory=dict)
+    _early_helpers: list[cst.FunctionDef | cst.ClassDef] | None = None
     _positions: object | None = None
     _suppressions: Suppressions | None = None
     _lines: dict[int, int] | None = None
@@ -219,9 +220,27 @@ class FileContext:
 
     def _in_entry(self, func: cst.FunctionDef | None) -> bool:
         entry = self.entry
-        return entry is not None and (
-            entry.func is None or (func is not None and self._inside(func, entry.func))
-        )
+        if entry is None:
+            return False
+        if entry.func is None:
+            # A module-level script's functions read the global comm: only those it never
+            # calls before creating it (a banner() printed above parse_args() cannot).
+            return func is None or self._outermost(func) not in self._called_before_comm()
+        return func is not None and self._inside(func, entry.func)
+
+    def _called_before_comm(self) -> list[cst.FunctionDef | cst.ClassDef]:
+        """Module-level functions a module-level script calls before its communicator exists."""
+        if self._early_helpers is not None:
+            return self._early_helpers
+        found: list[cst.FunctionDef | cst.ClassDef] = []
+        for call in self.facts.calls:
+            if call.func is not None or call.stmt is None:
+                continue
+            helper = self.facts.module_functions.get(call.qname.lstrip("."))
+            if helper is not None and helper not in found and self.before_comm_exists(call.stmt):
+                found.append(helper)
+        self._early_helpers = found
+        return found
 
     def training_helper(self, func: cst.FunctionDef | None) -> cst.FunctionDef | None:
         """The module-level helper around ``func`` when it is one the entry point calls to
