@@ -520,6 +520,18 @@ OPEN_FUNCTIONS = frozenset({"builtins.open", "io.open"})
 # Building the graph to dump it (what the dump_graph extension does on rank 0): one walk over
 # the last loss's graph, bookkeeping next to a training step.
 GRAPH_DUMPERS = frozenset({"chainer.computational_graph.build_computational_graph"})
+# Reading a clock (time stamps for logs): bookkeeping. ``time.sleep`` is not among them.
+CLOCK_FUNCTIONS = frozenset(
+    {
+        "time.time",
+        "time.time_ns",
+        "time.perf_counter",
+        "time.monotonic",
+        "time.process_time",
+        "time.strftime",
+        "datetime.datetime.now",
+    }
+)
 # Objects that write rows through a file object they are given.
 ROW_WRITER_FACTORIES = frozenset({"csv.writer", "csv.DictWriter"})
 # Creating a directory on every rank is harmless with exist_ok (lint does not flag it; the
