@@ -171,3 +171,10 @@ def assigned_in(nodes: Iterable[cst.CSTNode]) -> set[str]:
     for node in nodes:
         node.visit(collector)
     return collector.names
+
+
+def log_name_by_rank(log_report: cst.Call) -> bool:
+    """A ``LogReport(...)`` whose file name (``filename``, position 3, or the older ``log_name``)
+    depends on the rank: it writes on one rank only, so it may stay on every rank."""
+    names = (argument(log_report, 3, "filename"), argument(log_report, 99, "log_name"))
+    return any(name is not None and mentions_rank(name) for name in names)

@@ -14,7 +14,7 @@ import difflib
 import re
 import textwrap
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -204,8 +204,9 @@ def _new_collective_findings(
     external_in = project_collectives(inputs) if distributed_input else {}
     new: dict[str, Diagnostic] = {}
     mnbn_somewhere = any("create_mnbn_model" in text for text in outputs.values())
-    wrapped_helpers = _helpers_wrapped_at_call_sites(outputs)
-    distributed_helpers = _helpers_followed_by_distribute(outputs)
+    trees = {p: ast.parse(text) for p, text in outputs.items()}
+    # lint findings inside helpers whose work the converter did where they are called
+    done_at_call = _helpers_converted_at_call_sites(trees.values())
     for path, result in done.items():
         try:
             if path not in wrappers:
@@ -242,16 +243,9 @@ def _new_collective_findings(
                 continue
             if finding.code == "MN502" and mnbn_somewhere:
                 continue  # the model is converted where another file builds it
-            if (
-                finding.code == "MN503"
-                and _enclosing_function(outputs[path], finding.line) in wrapped_helpers
-            ):
-                continue  # the helper's optimizer is wrapped where the helper is called
-            if (
-                finding.code in ("MN401", "MN505")
-                and _enclosing_function(outputs[path], finding.line) in distributed_helpers
-            ):
-                continue  # distribute_extensions(trainer, comm) follows each call of it
+            fixed_in = done_at_call.get(finding.code)
+            if fixed_in and _enclosing_function(trees[path], finding.line) in fixed_in:
+                continue
 
             result.entries.append(
                 ReportEntry(
@@ -266,32 +260,9 @@ def _new_collective_findings(
     return new
 
 
-def _helpers_wrapped_at_call_sites(outputs: Mapping[str, str]) -> set[str]:
-    """Names of functions whose result a converted file hands to create_multi_node_optimizer:
-    ``create_multi_node_optimizer(make_optimizer(model), comm)`` names ``make_optimizer``."""
-    names: set[str] = set()
-    for text in outputs.values():
-        if "create_multi_node_optimizer" not in text:
-            continue
-        for node in ast.walk(ast.parse(text)):
-            if not (isinstance(node, ast.Call) and node.args):
-                continue
-            func = node.func
-            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            inner = node.args[0]
-            if called != "create_multi_node_optimizer" or not isinstance(inner, ast.Call):
-                continue
-            made = inner.func
-            name = made.attr if isinstance(made, ast.Attribute) else getattr(made, "id", None)
-            if name:
-                names.add(name)
-    return names
-
-
 def _called_name(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Expr):
-        node = node.value
-    elif isinstance(node, ast.Assign):
+    """The last name of the function a call (or a statement that is one) calls."""
+    if isinstance(node, (ast.Expr, ast.Assign)):
         node = node.value
     if not isinstance(node, ast.Call):
         return None
@@ -299,30 +270,36 @@ def _called_name(node: ast.AST) -> str | None:
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
 
 
-def _helpers_followed_by_distribute(outputs: Mapping[str, str]) -> set[str]:
-    """Names of helpers every converted call of which is followed by
-    ``distribute_extensions(trainer, comm)``: what they register is converted there."""
-    names: set[str] = set()
-    for text in outputs.values():
-        if "distribute_extensions" not in text:
-            continue
-        for node in ast.walk(ast.parse(text)):
+def _helpers_converted_at_call_sites(trees: Iterable[ast.Module]) -> dict[str, set[str]]:
+    """Lint codes -> names of helpers whose finding the converter fixed where they are called:
+    MN503 for ``create_multi_node_optimizer(make_optimizer(model), comm)``; MN401 and MN505 for
+    a helper every converted call of which is followed by ``distribute_extensions(trainer,
+    comm)``."""
+    wrapped: set[str] = set()
+    distributed: set[str] = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and node.args:
+                if _called_name(node) == "create_multi_node_optimizer":
+                    name = _called_name(node.args[0])
+                    if name:
+                        wrapped.add(name)
             for part in ("body", "orelse", "finalbody"):
                 body = getattr(node, part, None)
                 if not isinstance(body, list):
                     continue
                 for before, after in zip(body, body[1:], strict=False):
                     if _called_name(after) == "distribute_extensions":
-                        called = _called_name(before)
-                        if called:
-                            names.add(called)
-    return names
+                        name = _called_name(before)
+                        if name:
+                            distributed.add(name)
+    return {"MN503": wrapped, "MN401": distributed, "MN505": distributed}
 
 
-def _enclosing_function(source: str, line: int) -> str | None:
+def _enclosing_function(tree: ast.Module, line: int) -> str | None:
     """The name of the innermost function around ``line``."""
     best: ast.FunctionDef | ast.AsyncFunctionDef | None = None
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             end = node.end_lineno or node.lineno
             if node.lineno <= line <= end and (best is None or node.lineno >= best.lineno):

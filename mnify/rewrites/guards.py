@@ -25,7 +25,7 @@ from mnify.rewrites.edits import Guard, expression
 from mnify.rewrites.facts import CallFact
 from mnify.rewrites.file_handles import HandleFamily, families
 from mnify.rewrites.registry import rewrite
-from mnify.syntax import argument, argument_node, assigned_in, mentions_rank, names_in
+from mnify.syntax import argument_node, assigned_in, log_name_by_rank, mentions_rank, names_in
 
 RANK0 = Guard("rank0")
 # writers whose file holds model parameters: incomplete under model parallel on rank 0 alone
@@ -169,12 +169,6 @@ def _attributes(module: cst.Module) -> list[cst.Attribute]:
 
     module.visit(_Collect())
     return found
-
-
-def _writes_on_one_rank(log_report: cst.Call) -> bool:
-    """A LogReport whose file name already depends on the rank (converted before)."""
-    names = (argument(log_report, 3, "filename"), argument(log_report, 99, "log_name"))
-    return any(name is not None and mentions_rank(name) for name in names)
 
 
 def _log_name_on_rank0(comm: str) -> Callable[[cst.CSTNode], cst.CSTNode]:
@@ -457,7 +451,7 @@ def plan(ctx: FileContext) -> None:
             continue
         comm = ctx.comm_at(call.func, what)
         log_report = _log_report_call(ctx, call) if what == "LogReport" else None
-        if log_report is not None and _writes_on_one_rank(log_report[0]):
+        if log_report is not None and log_name_by_rank(log_report[0]):
             continue
         if comm is not None and log_report is not None and _log_read_after(ctx, call):
             ctx.plan.replace_node(log_report[0], _log_name_on_rank0(comm), log_report[1])

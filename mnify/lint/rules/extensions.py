@@ -6,7 +6,7 @@ import libcst as cst
 
 from mnify import vocabulary as N
 from mnify.lint.rule import AppliesTo, Rule
-from mnify.syntax import argument, mentions_rank, string_value
+from mnify.syntax import argument, log_name_by_rank, string_value
 
 
 class UnguardedReportingExtension(Rule):
@@ -55,8 +55,7 @@ class UnguardedReportingExtension(Rule):
             if bound is None or not isinstance(bound.value, cst.Call):
                 return False
             expr = bound.value
-        names = (argument(expr, 3, "filename"), argument(expr, 99, "log_name"))
-        return any(name is not None and mentions_rank(name) for name in names)
+        return log_name_by_rank(expr)
 
     def _reporting_name(self, expr: cst.BaseExpression) -> str | None:
         if isinstance(expr, cst.Call):
