@@ -4,33 +4,16 @@ spend its few minutes on a typo. Its numbers are meaningless here; only the code
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.support import fakecupy
 
 REPO = Path(__file__).resolve().parents[2]
-FAKE = fakecupy.PATH
-
-DRIVER = """
-import runpy, sys
-sys.path.insert(0, {fake!r})
-sys.path.insert(0, {repo!r})
-import mnify_fake_device  # the CUDA kernels -> their numpy twins
-sys.argv = ["bench/gpu.py", "--smoke", "--json", {out!r}]
-runpy.run_path({bench!r}, run_name="__main__")
-"""
 
 
 def test_bench_gpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    code = DRIVER.format(
-        fake=str(FAKE), repo=str(REPO), out=str(out), bench=str(REPO / "bench" / "gpu.py")
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
+    proc = fakecupy.run_bench_smoke(REPO / "bench" / "gpu.py", out, tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["smoke"] is True
