@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 METHODS = ("naive", "flat", "hierarchical", "two_dimensional")
 GOAL = 1.15  # auto's median / link floor
+FP16 = "+fp16"  # a method suffix: shares cross hosts as float16, so its floor is half
 _RATE = re.compile(r"^([0-9.]+)\s*([kmgt]?)(bit|bps)?$")
 
 
@@ -125,8 +126,13 @@ def worker(reps: int, methods: list[str]) -> None:
     shapes = resnet50_shapes()
     auto = choose_auto(world)
     comms = {}
-    for name in methods:  # "two_dimensional@8": window 8; "two_dimensional@8s": and spinning
-        comms[name] = create_communicator(name.split("@")[0])
+    # "two_dimensional@8": window 8; "two_dimensional@8s": and spinning; "two_dimensional+fp16":
+    # shares cross hosts as float16 (inter_host_dtype)
+    for name in methods:
+        kind, narrow = name.split("@")[0], None
+        if kind.endswith(FP16):
+            kind, narrow = kind[: -len(FP16)], np.float16
+        comms[name] = create_communicator(kind, inter_host_dtype=narrow)
         if "@" in name:
             setting = name.split("@")[1]
             comms[name].window = int(setting.rstrip("s"))  # type: ignore[attr-defined]
@@ -333,7 +339,8 @@ def drive(
         header += f"{'MB ' + h:>10}{'resent ' + h:>11}{'drops ' + h:>10}"
     print(header)
     for m in methods:
-        ratio = f"{median[m] / floor:9.2f}x" if floor else f"{'-':>10}"
+        its_floor = None if floor is None else floor / (2 if FP16 in m else 1)
+        ratio = f"{median[m] / its_floor:9.2f}x" if its_floor else f"{'-':>10}"
         row = f"{m + (' *' if m == result['auto'] else ''):<19}{best[m]:8.3f}{median[m]:10.3f}"
         row += ratio
         for h in hosts:
@@ -398,7 +405,8 @@ def main() -> None:
         "--methods",
         nargs="+",
         default=list(METHODS),
-        help=f"what to time, of {', '.join(METHODS)}; two_dimensional@W: with window W",
+        help=f"what to time, of {', '.join(METHODS)}; two_dimensional@W: with window W; "
+        f"two_dimensional{FP16}: shares cross hosts as float16 (its floor is half)",
     )
     parser.add_argument(
         "--timeout", type=float, default=None, help="seconds before the launch is killed"

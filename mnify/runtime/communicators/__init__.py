@@ -98,8 +98,13 @@ def create_communicator(
     *,
     allreduce_grad_dtype: Any = None,
     bucket_bytes: int | None = None,
+    inter_host_dtype: Any = None,
 ) -> CommunicatorBase:
-    """A communicator over ``mpi_comm`` (default ``COMM_WORLD``); collective over its ranks."""
+    """A communicator over ``mpi_comm`` (default ``COMM_WORLD``); collective over its ranks.
+
+    ``inter_host_dtype=np.float16`` rounds what crosses hosts to float16, halving inter-host
+    bytes (two_dimensional; :mod:`~mnify.runtime.communicators.compression` has the caveat).
+    """
     from mnify.runtime import excepthook
 
     excepthook.install()
@@ -107,7 +112,12 @@ def create_communicator(
     if name == "auto":
         name = choose_auto(comm)
     cls = communicator_class(name)
-    made = cls(comm, allreduce_grad_dtype=allreduce_grad_dtype, bucket_bytes=bucket_bytes)
+    made = cls(
+        comm,
+        allreduce_grad_dtype=allreduce_grad_dtype,
+        bucket_bytes=bucket_bytes,
+        inter_host_dtype=inter_host_dtype,
+    )
     global _current
     _current = made
     return made

@@ -10,6 +10,7 @@ configuration, split and release.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any, ClassVar, cast
 
@@ -17,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mnify.runtime import debug, timeline
-from mnify.runtime.communicators import shared_memory
+from mnify.runtime.communicators import compression, shared_memory
 from mnify.runtime.communicators.buckets import PlanCache
 from mnify.runtime.communicators.collectives import Collectives
 from mnify.runtime.communicators.marks import collective
@@ -51,6 +52,7 @@ class CommunicatorBase(Collectives, GradientMean):
         *,
         allreduce_grad_dtype: Any = None,
         bucket_bytes: int | None = None,
+        inter_host_dtype: Any = None,
     ) -> None:
         parent = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         self.mpi_comm: MPI.Intracomm = parent.Dup()
@@ -58,6 +60,8 @@ class CommunicatorBase(Collectives, GradientMean):
         self.allreduce_grad_dtype: np.dtype[Any] | None = (
             None if allreduce_grad_dtype is None else np.dtype(allreduce_grad_dtype)
         )
+        # what shares cross hosts in (:mod:`~mnify.runtime.communicators.compression`)
+        self.inter_host_dtype = compression.inter_host_dtype(inter_host_dtype)
         self.bucket_bytes = int(bucket_bytes) if bucket_bytes else DEFAULT_BUCKET_BYTES
         if self.bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
@@ -75,8 +79,24 @@ class CommunicatorBase(Collectives, GradientMean):
         self._shm: SharedMemoryReducer | None = None
         if self.uses_shared_memory and shared_memory.enabled_by_env():
             self._shm = self._create_shared_memory()
+        if (
+            self.inter_host_dtype is not None
+            and self.topology.inter_size > 1
+            and not self.compresses_between_hosts
+        ):
+            warnings.warn(
+                f"inter_host_dtype={self.inter_host_dtype} is ignored: the {self.name} "
+                "communicator has no share stage to narrow (two_dimensional on hosts with "
+                "equal rank counts has); gradients cross hosts in full precision",
+                stacklevel=3,
+            )
         # MNIFY_TIMELINE: when every rank records, this instance's collectives are wrapped
         timeline.attach(self)
+
+    @property
+    def compresses_between_hosts(self) -> bool:
+        """Whether ``inter_host_dtype`` narrows what crosses hosts here (two_dimensional)."""
+        return False
 
     # -- topology -------------------------------------------------------------------------------
 

@@ -187,6 +187,7 @@ class PureNcclCommunicator(CommunicatorBase):
         *,
         allreduce_grad_dtype: Any = None,
         bucket_bytes: int | None = None,
+        inter_host_dtype: Any = None,
         device: int | None = None,
     ) -> None:
         ok, why = nccl_status()
@@ -199,7 +200,10 @@ class PureNcclCommunicator(CommunicatorBase):
         from cupy.cuda import nccl
 
         super().__init__(
-            mpi_comm, allreduce_grad_dtype=allreduce_grad_dtype, bucket_bytes=bucket_bytes
+            mpi_comm,
+            allreduce_grad_dtype=allreduce_grad_dtype,
+            bucket_bytes=bucket_bytes,
+            inter_host_dtype=inter_host_dtype,
         )
         if (
             self.allreduce_grad_dtype is not None

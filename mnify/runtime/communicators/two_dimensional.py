@@ -43,6 +43,7 @@ from mpi4py import MPI
 
 from mnify.runtime import kernels, rank_state
 from mnify.runtime.communicators import _arrays as arr
+from mnify.runtime.communicators import compression
 from mnify.runtime.communicators.buckets import bucket_size, place_scale, reduced_in_place
 from mnify.runtime.communicators.hierarchical import HierarchicalCommunicator
 from mnify.runtime.communicators.shared_memory import SharedMemoryReducer, share_bounds
@@ -70,13 +71,23 @@ class _Slot:
     """Staging memory for one bucket in flight: the packed bucket, this rank's share and (two
     hosts) the other host's share."""
 
-    __slots__ = ("elements", "wire", "full", "shard", "peer")
+    __slots__ = ("elements", "wire", "full", "shard", "peer", "narrow")
 
-    def __init__(self, elements: int, share: int, wire: np.dtype[Any], pair: bool) -> None:
+    def __init__(
+        self,
+        elements: int,
+        share: int,
+        wire: np.dtype[Any],
+        pair: bool,
+        narrow: np.dtype[Any] | None,
+    ) -> None:
         self.elements, self.wire = elements, wire
         self.full: np.ndarray | None = None  # made when a packed bucket first needs it
         self.shard = np.empty(share, dtype=wire)
-        self.peer = np.empty(share if pair else 0, dtype=wire)
+        crossing = wire if narrow is None else narrow
+        self.peer = np.empty(share if pair else 0, dtype=crossing)
+        # the share as it crosses hosts, when that is narrower than the wire
+        self.narrow = np.empty(share if narrow is not None else 0, dtype=crossing)
 
     def packing(self, n: int) -> np.ndarray:
         if self.full is None:
@@ -88,7 +99,17 @@ class _Flight:
     """One bucket on its way: where it is reduced (its own memory or a slot), its pieces, the
     shares' counts and offsets, this rank's share and the request of its current stage."""
 
-    __slots__ = ("views", "target", "packed", "counts", "displs", "shard", "peer", "requests")
+    __slots__ = (
+        "views",
+        "target",
+        "packed",
+        "counts",
+        "displs",
+        "shard",
+        "peer",
+        "narrow",
+        "requests",
+    )
 
     def __init__(
         self,
@@ -99,9 +120,11 @@ class _Flight:
         displs: list[int],
         shard: np.ndarray,
         peer: np.ndarray,
+        narrow: np.ndarray | None,
     ) -> None:
         self.views, self.target, self.packed = views, target, packed
         self.counts, self.displs, self.shard, self.peer = counts, displs, shard, peer
+        self.narrow = narrow  # None: the share crosses in the wire dtype
         self.requests: list[MPI.Request] = []
 
 
@@ -122,11 +145,13 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
         *,
         allreduce_grad_dtype: Any = None,
         bucket_bytes: int | None = None,
+        inter_host_dtype: Any = None,
     ) -> None:
         super().__init__(
             mpi_comm,
             allreduce_grad_dtype=allreduce_grad_dtype,
             bucket_bytes=bucket_bytes or PIPELINE_BUCKET_BYTES,
+            inter_host_dtype=inter_host_dtype,
         )
 
     def _make_comms(self) -> None:
@@ -138,7 +163,21 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
         color = self.intra_rank if self._columns else MPI.UNDEFINED
         self.column_comm = self.mpi_comm.Split(color, self.inter_rank)
         self._slots: list[_Slot] = []
-        self._slot_key: tuple[str, int, int, int] = ("", 0, 0, 0)
+        self._slot_key: tuple[str, str, int, int, int] = ("", "", 0, 0, 0)
+
+    @property
+    def compresses_between_hosts(self) -> bool:
+        """Shares cross in ``inter_host_dtype`` when hosts pair up in columns: two hosts swap
+        them, more all-reduce them where this MPI sums that dtype."""
+        dtype = self.inter_host_dtype
+        if dtype is None or not self._columns:
+            return False
+        return self.inter_size == 2 or arr.mpi_can_reduce(dtype)
+
+    def _narrow(self, wire: np.dtype[Any]) -> np.dtype[Any] | None:
+        if not self.compresses_between_hosts:
+            return None
+        return compression.narrower(self.inter_host_dtype, wire)
 
     def _create_shared_memory(self) -> SharedMemoryReducer | None:
         if self._columns:  # every stage is MPI; no segment needed
@@ -159,16 +198,20 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
         self._pipeline(buckets, wire, sizes, scale)
         flush()
 
-    def _slots_for(self, wire: np.dtype[Any], sizes: set[int]) -> list[_Slot]:
+    def _slots_for(
+        self, wire: np.dtype[Any], sizes: set[int], narrow: np.dtype[Any] | None
+    ) -> list[_Slot]:
         largest = max(sizes, default=0)
         share = 0
         for n in sizes:  # the largest share of any bucket (not always the largest bucket's)
             bounds = share_bounds(n, self.intra_size, wire.itemsize)
             share = max(share, *(hi - lo for lo, hi in zip(bounds, bounds[1:], strict=False)))
-        key = (wire.str, largest, share, self.window)
+        key = (wire.str, "" if narrow is None else narrow.str, largest, share, self.window)
         if key != self._slot_key:
             pair = self.inter_size == 2
-            self._slots = [_Slot(largest, share, wire, pair) for _ in range(self.window + 3)]
+            self._slots = [
+                _Slot(largest, share, wire, pair, narrow) for _ in range(self.window + 3)
+            ]
             self._slot_key = key
         return self._slots
 
@@ -196,7 +239,8 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
         self, buckets: list[list[np.ndarray]], wire: np.dtype[Any], sizes: set[int], scale: float
     ) -> None:
         placement = place_scale(scale, wire, self.size)
-        slots = self._slots_for(wire, sizes)
+        narrow = self._narrow(wire)
+        slots = self._slots_for(wire, sizes, narrow)
         intra, column = self.intra_comm, self.column_comm
         me, ranks = self.intra_rank, self.intra_size
         # two hosts: the shares are swapped and added, both directions of the link busy at
@@ -221,7 +265,14 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
             counts = [hi - lo for lo, hi in zip(bounds, bounds[1:], strict=False)]
             mine = counts[me]
             flight = _Flight(
-                views, target, packed, counts, bounds[:-1], slot.shard[:mine], slot.peer[:mine]
+                views,
+                target,
+                packed,
+                counts,
+                bounds[:-1],
+                slot.shard[:mine],
+                slot.peer[:mine],
+                None if narrow is None else slot.narrow[:mine],
             )
             flight.requests = [intra.Ireduce_scatter(target, flight.shard, counts, MPI.SUM)]
             flights[k] = flight
@@ -230,23 +281,33 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
             flight = flights[k]
             assert flight is not None
             self._wait(flight.requests)
-            if placement.average:
+            crossing = flight.shard
+            if flight.narrow is not None:
+                # rounded only to cross; the 1/size waits until it is wide again
+                np.copyto(flight.narrow, flight.shard, casting="same_kind")
+                crossing = flight.narrow
+            elif placement.average:
                 kernels.unpack(flight.shard, [flight.shard], scale)
             if pair is None:
-                flight.requests = [column.Iallreduce(MPI.IN_PLACE, flight.shard, MPI.SUM)]
+                flight.requests = [column.Iallreduce(MPI.IN_PLACE, crossing, MPI.SUM)]
             else:
                 flight.requests = [
                     column.Irecv(flight.peer, source=pair),
-                    column.Isend(flight.shard, dest=pair),
+                    column.Isend(crossing, dest=pair),
                 ]
 
         def all_gather(k: int) -> None:
             flight = flights[k]
             assert flight is not None
             self._wait(flight.requests)
+            if flight.narrow is not None:
+                # this host's share as the other hosts received it (rounded), or the sum
+                np.copyto(flight.shard, flight.narrow)
             if pair is not None:
                 # a + b == b + a bit for bit: both hosts get the same sum
                 np.add(flight.shard, flight.peer, out=flight.shard)
+            if flight.narrow is not None and placement.average:
+                kernels.unpack(flight.shard, [flight.shard], scale)
             spec = [flight.target, (flight.counts, flight.displs)]
             flight.requests = [intra.Iallgatherv(flight.shard, spec)]
 
