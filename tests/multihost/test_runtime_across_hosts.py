@@ -167,3 +167,15 @@ def test_every_collective_on_two_dimensional_across_hosts(bed3: TestBed) -> None
         not_passed = missing(lines, names)
         assert not not_passed, f"rank {r} did not finish {not_passed}\n{run.describe()}"
         assert "CLASS auto two_dimensional" in lines, run.describe()
+
+
+@pytest.mark.parametrize("slots", [[2, 2], [2, 2, 2]], ids=["2x2", "3x2"])
+def test_float16_between_real_hosts(bed3: TestBed, slots: list[int]) -> None:
+    """``inter_host_dtype=float16`` over real TCP links: the faked-host checks (exact model on
+    two hosts, identical bits, float16 rounding bounds, the warning of flat) hold unchanged."""
+    checks = ["narrow-across-hosts", "float16-gradients-unchanged", "flat-warns-full-precision"]
+    script = RUNTIME_TESTS / "comm_scripts" / "inter_host_compression.py"
+    run = bed3.run(slots, script, timeout=240)
+    for r in range(sum(slots)):
+        not_passed = missing(run.rank_lines(r), checks)
+        assert not not_passed, f"rank {r} did not finish {not_passed}\n{run.describe()}"
