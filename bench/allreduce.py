@@ -11,10 +11,11 @@ the median is printed beside it:
 - (a) raw mpi4py ``Allreduce`` (in place) of the same bytes as one float32 buffer, cut in chunks of
   each size in a sweep; the best chunk size is the baseline. The sweep is also the evidence for
   the communicators' default bucket size.
-- mnify ``multi_node_mean_grad`` of ``flat`` (on one host it averages through shared memory:
-  slot sizes swept; with ``MNIFY_SHARED_MEMORY=0`` over MPI Allreduce: bucket sizes swept; once
-  under the watchdog), ``naive``, ``hierarchical``, on a stand-in model holding the 161 float32
-  gradients (25.5 M floats) of ResNet-50.
+- mnify ``multi_node_mean_grad`` of ``flat`` (on one host it times single copy and the
+  shared-memory segment on its first calls and keeps the faster: printed; each also alone, the
+  segment with its slot sizes swept; with ``MNIFY_SHARED_MEMORY=0`` over MPI Allreduce: bucket
+  sizes swept; once under the watchdog), ``naive``, ``hierarchical``, on a stand-in model
+  holding the 161 float32 gradients (25.5 M floats) of ResNet-50.
 
 The machine's load average is printed before and after: on a shared machine a figure means
 little without it.
@@ -172,9 +173,13 @@ def main() -> None:
         methods[label] = lambda: comm.multi_node_mean_grad(model)
 
     flat("mnify flat (defaults)", {})
+    default_flat = comms[-1]
+    flat("mnify flat, single copy only", {"MNIFY_SINGLE_COPY": "1"})
+    segment = {"MNIFY_SINGLE_COPY": "0"}
+    flat("mnify flat, segment only", segment)
     for cap in (128 * KB, 256 * KB, 512 * KB, 1 * MB, 2 * MB, 4 * MB):
         if cap != shared_memory.SLOT_CAP:
-            flat(f"mnify flat, shared memory, {cap // KB} KiB slots", {}, slot_cap=cap)
+            flat(f"mnify flat, segment only, {cap // KB} KiB slots", segment, slot_cap=cap)
     for bucket in (1 * MB, 4 * MB):
         flat(
             f"mnify flat over MPI, {bucket // MB} MiB buckets",
@@ -233,6 +238,8 @@ def main() -> None:
         )
     flat_t = med["mnify flat (defaults)"]
     print(f"\nbest raw chunking: {best_raw}")
+    chosen = [c.history for c in default_flat._mean_paths.values()]  # type: ignore[attr-defined]
+    print(f"mnify flat (defaults) chose, per measurement round: {chosen or 'no choice to make'}")
     print(f"goal (a): mnify flat / best raw Allreduce = {flat_t / base:.2f}x (goal <= 1.15x)")
     floor = min(med[k] for k in mean_keys)
     print(

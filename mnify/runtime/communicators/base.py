@@ -18,12 +18,13 @@ import numpy as np
 from mpi4py import MPI
 
 from mnify.runtime import debug, timeline
-from mnify.runtime.communicators import compression, shared_memory
+from mnify.runtime.communicators import compression, shared_memory, single_copy
 from mnify.runtime.communicators.buckets import PlanCache
 from mnify.runtime.communicators.collectives import Collectives
 from mnify.runtime.communicators.marks import collective
 from mnify.runtime.communicators.mean_grad import GradientMean
 from mnify.runtime.communicators.shared_memory import SharedMemoryReducer
+from mnify.runtime.communicators.single_copy import SingleCopyReducer
 from mnify.runtime.communicators.topology import Topology
 from mnify.runtime.debug import CallSignature
 from mnify.runtime.watchdog import Watchdog, timeout_from_env
@@ -79,6 +80,12 @@ class CommunicatorBase(Collectives, GradientMean):
         self._shm: SharedMemoryReducer | None = None
         if self.uses_shared_memory and shared_memory.enabled_by_env():
             self._shm = self._create_shared_memory()
+        # every rank on one host with a segment: means without staging, where the kernel lets
+        # ranks reach each other's memory (probed collectively; None elsewhere)
+        self._single_copy: SingleCopyReducer | None = None
+        self._mean_paths = {}  # per gradient list: single copy or the segment, measured
+        if self._shm is not None and self._shm.size == self.size and single_copy.enabled_by_env():
+            self._single_copy = SingleCopyReducer.create(self.mpi_comm)
         if (
             self.inter_host_dtype is not None
             and self.topology.inter_size > 1
@@ -232,5 +239,6 @@ class CommunicatorBase(Collectives, GradientMean):
         if self._shm is not None:
             self._shm.close()
             self._shm = None
+        self._single_copy = None
         if not MPI.Is_finalized():
             self._free_comms()

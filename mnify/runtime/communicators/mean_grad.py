@@ -8,6 +8,7 @@ all-reduced (``_allreduce_into``) or the whole reduction (:meth:`GradientMean._r
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -16,10 +17,13 @@ from mpi4py import MPI
 from mnify.runtime import kernels
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators import shared_memory
-from mnify.runtime.communicators.buckets import PlanCache
+from mnify.runtime.communicators import single_copy as single_copy_module
+from mnify.runtime.communicators.buckets import PlanCache, place_scale
 from mnify.runtime.communicators.marks import collective
 from mnify.runtime.communicators.parameters import grads_to_reduce, named_params
+from mnify.runtime.communicators.path_choice import MeasuredChoice
 from mnify.runtime.communicators.shared_memory import SharedMemoryReducer
+from mnify.runtime.communicators.single_copy import SingleCopyReducer
 from mnify.runtime.communicators.transport import Transport
 from mnify.runtime.debug import CallSignature
 
@@ -35,6 +39,8 @@ class GradientMean(Transport):
     allreduce_grad_dtype: np.dtype[Any] | None
     _plans: PlanCache
     _shm: SharedMemoryReducer | None
+    _single_copy: SingleCopyReducer | None
+    _mean_paths: dict[tuple[str, tuple[int, ...]], MeasuredChoice]
 
     # -- the bucketed reduction ------------------------------------------------------------------
 
@@ -45,6 +51,9 @@ class GradientMean(Transport):
             return
         wire = self.allreduce_grad_dtype or np.result_type(*arrays)
         wire = arr.reduction_dtype(np.dtype(wire))
+        if self._takes_single_copy(arrays, wire, scale):
+            self._mean_on_one_host(arrays, wire, scale)
+            return
         shm = self._shm if wire.kind in "fiuc" else None
         if shm is not None:
             plan = self._plans.get(arrays, wire, shm.slot_bytes, tag="shared")
@@ -63,6 +72,58 @@ class GradientMean(Transport):
         else:
             plan.run(flats, lambda buf: self._allreduce_into(buf, buf, MPI.SUM), scale)
         flush()
+
+    def _takes_single_copy(
+        self, arrays: list[np.ndarray], wire: np.dtype[Any], scale: float
+    ) -> bool:
+        """Every rank on one host reaching the others' memory, float32/float64 arrays that need
+        no cast, and a scale applied after the sum (a mean or a plain sum)."""
+        return (
+            self._single_copy is not None
+            and wire in (np.float32, np.float64)
+            and all(a.dtype == wire for a in arrays)
+            and place_scale(scale, wire, self.size).before == 1.0
+        )
+
+    def _mean_on_one_host(
+        self, arrays: list[np.ndarray], wire: np.dtype[Any], scale: float
+    ) -> None:
+        """Single copy or the shared-memory segment, whichever measures faster here (both
+        give the same bits); ``MNIFY_SINGLE_COPY=1`` skips the measuring."""
+        assert self._single_copy is not None
+        single = self._single_copy
+        flats, flush = arr.contiguous_views(arrays)
+
+        def single_copy() -> None:
+            single.mean(flats, scale, self._exchange_addresses, self._sync)
+
+        shm = self._shm
+        if shm is None or single_copy_module.forced_by_env():
+            single_copy()
+        else:
+
+            def segment() -> None:
+                plan = self._plans.get(arrays, wire, shm.slot_bytes, tag="shared")
+                shm.mean_buckets(plan.pieces(flats), scale, self._sync, self._watchdog)
+
+            key = (wire.str, tuple(int(a.size) for a in arrays))
+            choice = self._mean_paths.get(key)
+            if choice is None:
+                if len(self._mean_paths) >= 8:  # a stray array list: do not grow without end
+                    self._mean_paths.clear()
+                choice = self._mean_paths[key] = MeasuredChoice(
+                    ["single_copy", "segment"], self._slowest_rank
+                )
+            choice.run({"single_copy": single_copy, "segment": segment}, time.perf_counter)
+        flush()
+
+    def _slowest_rank(self, seconds: float) -> float:
+        mine, slowest = np.array([seconds]), np.empty(1)
+        self._mpi(self.mpi_comm, "Allreduce", mine, slowest, MPI.MAX)
+        return float(slowest[0])
+
+    def _exchange_addresses(self, mine: np.ndarray, every: np.ndarray) -> None:
+        self._mpi(self.mpi_comm, "Allgather", mine, every)
 
     def _create_shared_memory(self) -> SharedMemoryReducer | None:
         """The shared-memory bucket reducer (collective, in __init__); None when the ranks span

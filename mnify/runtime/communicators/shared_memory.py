@@ -128,6 +128,25 @@ def share_bounds(n: int, size: int, itemsize: int) -> list[int]:
     return [min(n, (n * q // size) // step * step) if q < size else n for q in range(size + 1)]
 
 
+def sum_in_rank_order(parts: Sequence[np.ndarray], out: np.ndarray, spare: np.ndarray) -> None:
+    """``out = ((parts[0] + parts[1]) + parts[2]) + ...``, the order every path of a host
+    sums in. ``out`` may be one of ``parts`` (a rank summing into its own values: they are
+    read before they are overwritten, using that ``a + b == b + a`` exactly); ``spare``, of
+    the same shape, aliases none of them."""
+    k = next((i for i, p in enumerate(parts) if p is out), None)
+    if k is None or k <= 1:
+        np.add(parts[0], parts[1], out=out)
+        for p in parts[2:]:
+            np.add(out, p, out=out)
+        return
+    np.add(parts[0], parts[1], out=spare)
+    for p in parts[2:k]:
+        np.add(spare, p, out=spare)
+    np.add(spare, out, out=out)
+    for p in parts[k + 1 :]:
+        np.add(out, p, out=out)
+
+
 class _Bucket:
     """One bucket on its way through the segment: its pieces, its slots (every rank's input
     row, then the result row), this rank's share and where the scale goes. ``direct``: the
@@ -305,30 +324,28 @@ class SharedMemoryReducer:
         self._raise(_PUBLISHED, b.k + 1)
 
     def _reduce_share(self, b: _Bucket) -> None:
-        """This rank's share of the bucket: every rank's contribution summed (in rank order, or
-        this rank's first for a one-piece bucket, which is summed in place; each share is summed
-        by one rank only, so every rank gets the same bits either way), then times the scale
-        where the reduction averages, written to the result slot."""
+        """This rank's share of the bucket: every rank's contribution summed in rank order
+        (:func:`sum_in_rank_order`, as the single-copy path does, so both give the same bits;
+        each share is summed by one rank only, so every rank gets the same bits), then times
+        the scale where the reduction averages, written to the result slot."""
         lo, hi = b.share
         if lo == hi:
             return
         parts = [b.slots[q, lo:hi] for q in range(self.size)]
-        out = b.slots[self.size, lo:hi]
+        result = b.slots[self.size, lo:hi]
+        out = result
         if b.direct is not None:
-            # summed into the piece itself, so its own values must be read first
-            out = b.direct[lo:hi]
-            parts = [out] + parts[: self.rank] + parts[self.rank + 1 :]
+            # summed into the piece itself, which holds this rank's values
+            out = parts[self.rank] = b.direct[lo:hi]
         if self.size == 1:
             np.copyto(out, parts[0])
         else:
-            np.add(parts[0], parts[1], out=out)
-            for part in parts[2:]:
-                np.add(out, part, out=out)
+            sum_in_rank_order(parts, out, spare=result)
         if b.placement.average:
             work = kernels.scale_dtype(out.dtype, out.dtype)
             np.multiply(out, work.type(b.scale), out=out, dtype=work, casting="unsafe")
         if b.direct is not None:
-            np.copyto(b.slots[self.size, lo:hi], out)
+            np.copyto(result, out)
 
     def _copy_out(self, b: _Bucket) -> None:
         result = b.slots[self.size]
