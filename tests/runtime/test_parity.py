@@ -32,6 +32,16 @@ def test_data_parallel_parity(n_ranks: int, comm: str) -> None:
     run_script(n_ranks, "parity_checks.py", CHECKS, comm=comm)
 
 
+@pytest.mark.parametrize("n_ranks", [2, 3])
+@pytest.mark.parametrize("path", ["1", "0"], ids=["single-copy", "segment"])
+def test_parity_on_each_one_host_path_of_flat(n_ranks: int, path: str) -> None:
+    """flat on one host, each path alone (by default it times both and keeps the faster):
+    single copy between the ranks' gradient arrays, and the shared-memory segment."""
+    run_script(
+        n_ranks, "parity_checks.py", CHECKS, comm="flat", extra_env={"MNIFY_SINGLE_COPY": path}
+    )
+
+
 def test_parity_in_debug_mode() -> None:
     """MNIFY_DEBUG=1 compares every collective's shapes: uneven batches must not look like a bug."""
     run_script(2, "parity_checks.py", CHECKS, extra_env={"MNIFY_DEBUG": "1"})

@@ -209,12 +209,12 @@ class _RankIf:
 
 
 class _OutermostCalls(cst.CSTVisitor):
-    """The calls of a body not nested in another call's arguments, and whether it loops."""
+    """The calls of a body not nested in another call's arguments, and its loops."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[cst.Call] = []
-        self.loops = False
+        self.loops: list[cst.For | cst.While] = []
         self._depth = 0
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -226,10 +226,10 @@ class _OutermostCalls(cst.CSTVisitor):
         self._depth -= 1
 
     def visit_For(self, node: cst.For) -> None:
-        self.loops = True
+        self.loops.append(node)
 
     def visit_While(self, node: cst.While) -> None:
-        self.loops = True
+        self.loops.append(node)
 
 
 class DivergentWorkBeforeTimedCollective(Rule):
@@ -239,7 +239,8 @@ class DivergentWorkBeforeTimedCollective(Rule):
     ``if`` is the last collective-free part of a loop body: then the first collective of the
     body (unless it is a barrier) fires, as the next iteration reaches it.
 
-    "Doing work": the ``if`` (either branch) contains a loop or an outermost call (not one
+    "Doing work": the ``if`` (either branch) contains a loop (other than one that only prints or
+    writes: its body is bookkeeping calls, plain assignments and such loops) or an outermost call (not one
     nested in another call's arguments) other than cheap bookkeeping (builtins such as
     ``print``/``len``, ``extend``/``append``/``format``/``write``/``flush``/``writerow``/``close``/logging methods,
     extension constructors, ``create_empty_dataset``, ``chainer.links`` constructors and classes
@@ -296,7 +297,8 @@ class DivergentWorkBeforeTimedCollective(Rule):
             if isinstance(stmt, cst.FunctionDef):
                 body = _OutermostCalls()
                 stmt.body.visit(body)
-                if not body.loops and not any(self._is_work(c) for c in body.calls):
+                loops_work = not all(self._loop_is_bookkeeping(loop) for loop in body.loops)
+                if not loops_work and not any(self._is_work(c) for c in body.calls):
                     found.add(stmt.name.value)
         return found
 
@@ -340,12 +342,51 @@ class DivergentWorkBeforeTimedCollective(Rule):
             self._blocks[-1].pending = done.node
 
     def visit_For(self, node: cst.For) -> None:
-        self._mark_work()
+        if not self._loop_is_bookkeeping(node):
+            self._mark_work()
         self._next_block_is_loop_body = True
 
     def visit_While(self, node: cst.While) -> None:
-        self._mark_work()
+        if not self._loop_is_bookkeeping(node):
+            self._mark_work()
         self._next_block_is_loop_body = True
+
+    def _loop_is_bookkeeping(self, loop: cst.For | cst.While) -> bool:
+        """A loop that prints or writes lines (``for k, v in stats.items(): print(k, v)``,
+        a retry counter around a write): its header calls and every statement of its body are
+        bookkeeping -- calls that are no work, assignments whose values call no work, ``pass``/
+        ``break``/``continue``, loops like it -- and at least one statement is such a call. A
+        loop that only computes (``for x in data: total += x``) is work."""
+        header = _OutermostCalls()
+        (loop.iter if isinstance(loop, cst.For) else loop.test).visit(header)
+        if any(self._is_work(c) for c in header.calls) or loop.orelse is not None:
+            return False
+        if not isinstance(loop.body, cst.IndentedBlock):
+            return False
+        outputs = 0
+        for stmt in loop.body.body:
+            if isinstance(stmt, (cst.For, cst.While)):
+                if not self._loop_is_bookkeeping(stmt):
+                    return False
+                outputs += 1
+                continue
+            if not isinstance(stmt, cst.SimpleStatementLine):
+                return False
+            for small in stmt.body:
+                if isinstance(small, (cst.Pass, cst.Break, cst.Continue)):
+                    continue
+                if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                    calls = [small.value]
+                    outputs += 1
+                elif isinstance(small, (cst.Assign, cst.AugAssign)):
+                    found = _OutermostCalls()
+                    small.value.visit(found)
+                    calls = found.calls
+                else:
+                    return False
+                if any(self._is_work(c) for c in calls):
+                    return False
+        return outputs > 0
 
     def visit_Call(self, node: cst.Call) -> None:
         self._call_depth += 1
