@@ -708,6 +708,9 @@ def _wrap_communicator(rec: Recorder, comm: Any, comm_id: int) -> None:
     shm = getattr(comm, "_shm", None)
     if shm is not None and hasattr(shm, "mean_buckets"):
         shm.mean_buckets = _pipelined(rec, comm_id, shm.mean_buckets)
+    single = getattr(comm, "_single_copy", None)
+    if single is not None:  # each chunk of its share: a bucket of argument 0 bytes
+        single._chunk = _bucket(rec, comm_id, single._chunk, 0)
 
 
 def _peer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -771,8 +774,8 @@ def _collective(
 def _bucket(
     rec: Recorder, comm_id: int, method: Callable[..., Any], index: int
 ) -> Callable[..., Any]:
-    """One bucket's reduction (``_allreduce_into``, ``_shared_mean``): the bucket's size is
-    argument ``index``."""
+    """One bucket's reduction (``_allreduce_into``, ``_shared_mean``, a single-copy chunk): the
+    bucket's size is argument ``index`` (an array's ``nbytes``, or an int)."""
     name_id = rec.name_id("bucket")
     now = rec.now
 
@@ -791,7 +794,8 @@ def _bucket(
             raise
         finally:
             end = now()
-            nbytes = int(getattr(args[index], "nbytes", 0)) if len(args) > index else 0
+            size = args[index] if len(args) > index else 0
+            nbytes = size if isinstance(size, int) else int(getattr(size, "nbytes", 0))
             rec.later(Category.BUCKET, name_id, comm_id, number, nbytes, rec.seq, start, end, flags)
             rec.in_bucket = False
 

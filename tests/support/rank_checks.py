@@ -83,3 +83,20 @@ def missing(lines: Iterable[str], expected: Iterable[str]) -> list[str]:
     """The expected check names a rank's output lines never reported as passed."""
     done = {line[len("PASS ") :] for line in lines if line.startswith("PASS ")}
     return [name for name in expected if name not in done]
+
+
+class _Param:
+    def __init__(self, grad: np.ndarray) -> None:
+        self.data = np.zeros_like(grad)
+        self.grad = grad
+
+
+class GradientModel:
+    """What ``multi_node_mean_grad`` reads, without Chainer: parameters ``p0, p1, ...`` holding
+    the given arrays as their gradients (averaged in place)."""
+
+    def __init__(self, grads: list[np.ndarray]) -> None:
+        self.params = {f"p{i}": _Param(g) for i, g in enumerate(grads)}
+
+    def namedparams(self) -> list[tuple[str, _Param]]:
+        return list(self.params.items())

@@ -212,18 +212,34 @@ class SingleCopyReducer:
             rows[:, 0] = every[q][plan.index] + plan.byte_offset
             rows[:, 1] = plan.byte_count
             remote[q] = rows
-        work = kernels.scale_dtype(dtype, dtype)
-        factor = work.type(scale)
+        # scaled in float32, or float64 for float64 arrays, as the segment path does
+        factor = kernels.scale_dtype(dtype, dtype).type(scale)
         pieces = zip(plan.index.tolist(), plan.first, plan.count, strict=True)
         views = [flats[i][a : a + n] for i, a, n in pieces]
         for a, b in plan.chunks:
             nbytes = int(plan.byte_count[a:b].sum())
-            self._sum_chunk(views[a:b], nbytes, remote, (a, b), scratch)
-            if scale != 1.0:
-                for v in views[a:b]:
-                    np.multiply(v, factor, out=v, dtype=work, casting="unsafe")
-            for q in peers:
-                self._call(self._writev, q, local[a:b], remote[q][a:b], nbytes)
+            self._chunk(nbytes, views[a:b], (a, b), local, remote, scratch, factor)
+
+    def _chunk(
+        self,
+        nbytes: int,
+        chunk: list[np.ndarray],
+        rows: tuple[int, int],
+        local: np.ndarray,
+        remote: dict[int, np.ndarray],
+        scratch: tuple[np.ndarray, np.ndarray],
+        factor: np.floating[Any],
+    ) -> None:
+        """One chunk of this rank's share (``nbytes``, the pieces ``chunk``; rows ``rows`` of the
+        I/O vectors): summed over ranks, scaled, written into every other rank. The timeline
+        records it as a bucket (:mod:`mnify.runtime.timeline`)."""
+        a, b = rows
+        self._sum_chunk(chunk, nbytes, remote, rows, scratch)
+        if factor != 1:
+            for v in chunk:
+                np.multiply(v, factor, out=v, dtype=factor.dtype, casting="unsafe")
+        for q in remote:
+            self._call(self._writev, q, local[a:b], remote[q][a:b], nbytes)
 
     def _sum_chunk(
         self,

@@ -23,26 +23,9 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
-from tests.support.rank_checks import fake_hosts
+from tests.support.rank_checks import GradientModel, fake_hosts
 
 SHAPES = [(3, 5), (7,), (1000,), (64, 33), (300_000,), (17, 19)]
-
-
-class Param:
-    def __init__(self, grad: np.ndarray) -> None:
-        self.data = np.zeros_like(grad)
-        self.grad = grad
-
-
-class Model:
-    def __init__(self, grads: list[np.ndarray]) -> None:
-        self.params = {f"p{i}": Param(g) for i, g in enumerate(grads)}
-
-    def namedparams(self) -> list[tuple[str, Param]]:
-        return list(self.params.items())
-
-    def grads(self) -> list[np.ndarray]:
-        return [p.grad for p in self.params.values()]
 
 
 def grads_of(rank: int, dtype: type, salt: int) -> list[np.ndarray]:
@@ -92,8 +75,8 @@ def main() -> None:
                 got = grads_of(rank, dtype, salt)
                 ref = grads_of(rank, dtype, salt)
                 if division:
-                    narrow.multi_node_mean_grad(Model(got))
-                    full.multi_node_mean_grad(Model(ref))
+                    narrow.multi_node_mean_grad(GradientModel(got))
+                    full.multi_node_mean_grad(GradientModel(ref))
                 else:
                     narrow.all_reduce(got)
                     full.all_reduce(ref)
@@ -126,8 +109,8 @@ def main() -> None:
     print("PASS narrow-across-hosts", flush=True)
 
     got, ref = grads_of(rank, np.float16, 0), grads_of(rank, np.float16, 0)
-    narrow.multi_node_mean_grad(Model(got))
-    full.multi_node_mean_grad(Model(ref))
+    narrow.multi_node_mean_grad(GradientModel(got))
+    full.multi_node_mean_grad(GradientModel(ref))
     for g, r in zip(got, ref, strict=True):
         np.testing.assert_array_equal(g, r)
     print("PASS float16-gradients-unchanged", flush=True)
@@ -138,7 +121,7 @@ def main() -> None:
     assert any("inter_host_dtype" in str(w.message) for w in caught), caught
     got = grads_of(rank, np.float32, 1)
     every = [grads_of(q, np.float32, 1) for q in range(size)]
-    flat.multi_node_mean_grad(Model(got))
+    flat.multi_node_mean_grad(GradientModel(got))
     for i, g in enumerate(got):
         wide = [e[i].astype(np.float64) for e in every]
         # full precision: float32 rounding of the sum of magnitudes, nothing like float16's

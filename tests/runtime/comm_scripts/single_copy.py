@@ -22,22 +22,9 @@ from mpi4py import MPI
 
 from mnify import runtime as mn
 from mnify.runtime.communicators import single_copy
+from tests.support.rank_checks import GradientModel
 
 SHAPES = [(3, 5), (0,), (7,), (1000,), (64, 33), (300_000,), (1,), (17, 19), (4096,)]
-
-
-class Param:
-    def __init__(self, grad: np.ndarray) -> None:
-        self.data = np.zeros_like(grad)
-        self.grad = grad
-
-
-class Model:
-    def __init__(self, grads: list[np.ndarray]) -> None:
-        self.params = {f"p{i}": Param(g) for i, g in enumerate(grads)}
-
-    def namedparams(self) -> list[tuple[str, Param]]:
-        return list(self.params.items())
 
 
 def grads_of(rank: int, dtype: type, salt: int) -> list[np.ndarray]:
@@ -85,8 +72,8 @@ def main() -> None:
                     for salt in range(2):
                         a, b = grads_of(rank, dtype, salt), grads_of(rank, dtype, salt)
                         if division:
-                            forced.multi_node_mean_grad(Model(a))
-                            segment.multi_node_mean_grad(Model(b))
+                            forced.multi_node_mean_grad(GradientModel(a))
+                            segment.multi_node_mean_grad(GradientModel(b))
                         else:
                             forced.all_reduce(a)
                             segment.all_reduce(b)
@@ -105,8 +92,8 @@ def main() -> None:
     chooser = mn.create_communicator("flat")
     for step in range(8):
         a, b = grads_of(rank, np.float32, step), grads_of(rank, np.float32, step)
-        chooser.multi_node_mean_grad(Model(a))
-        forced.multi_node_mean_grad(Model(b))
+        chooser.multi_node_mean_grad(GradientModel(a))
+        forced.multi_node_mean_grad(GradientModel(b))
         assert digest(a) == digest(b), f"step {step}: the chosen path changed the bits"
     choices = list(chooser._mean_paths.values())  # type: ignore[attr-defined]
     assert len(choices) == 1 and choices[0].chosen in ("single_copy", "segment"), choices
