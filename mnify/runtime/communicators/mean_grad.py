@@ -2,7 +2,9 @@
 
 The arrays are cut into buckets (:mod:`~mnify.runtime.communicators.buckets`), one collective
 per bucket, the 1/size of a mean fused into packing or unpacking; on one host buckets are
-averaged through a shared-memory segment instead of MPI. Subclasses choose how one bucket is
+averaged through a shared-memory segment instead of MPI, or, without any staging, by single copy
+between the ranks' own arrays (:mod:`~mnify.runtime.communicators.single_copy`), whichever the
+first calls measure faster (:mod:`~mnify.runtime.communicators.path_choice`). Subclasses choose how one bucket is
 all-reduced (``_allreduce_into``) or the whole reduction (:meth:`GradientMean._reduce_arrays`).
 """
 
