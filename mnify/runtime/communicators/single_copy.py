@@ -143,28 +143,36 @@ class SingleCopyReducer:
 
     @classmethod
     def create(cls, comm: MPI.Intracomm) -> SingleCopyReducer | None:
-        """Collective. None unless every rank can read and write every other rank's memory
-        (probed: each rank reads a cookie from the next rank and writes one into it)."""
+        """Collective. None unless every rank can read and write every other rank's memory.
+
+        Probed pairwise: each rank reads every other rank's cookie (this job's random token
+        plus the rank, so a process id that names some other process cannot pass) and writes
+        its own into that rank's landing slot; one refusal anywhere keeps every rank on the
+        segment."""
         calls = _syscalls()
         rank, size = comm.Get_rank(), comm.Get_size()
-        cookie = np.array([0x6D6E6966 + rank], dtype=np.int64)
-        landing = np.zeros(1, dtype=np.int64)
-        pid = os.getpid()
-        table = comm.allgather((pid, cookie.ctypes.data, landing.ctypes.data, calls is not None))
-        ok = all(entry[3] for entry in table)
+        token = comm.bcast(int.from_bytes(os.urandom(6), "little") << 8, root=0)
+        cookie = np.array([token + rank], dtype=np.int64)
+        landing = np.zeros(size, dtype=np.int64)
+        table = comm.allgather(
+            (os.getpid(), cookie.ctypes.data, landing.ctypes.data, calls is not None)
+        )
+        ok = calls is not None and all(entry[3] for entry in table)
         if ok and calls is not None:
-            peer = (rank + 1) % size
-            peer_pid, peer_cookie, peer_landing, _ = table[peer]
             got = np.zeros(1, dtype=np.int64)
-            ok = (
-                _transfer(calls[0], peer_pid, [(got.ctypes.data, 8)], [(peer_cookie, 8)]) == 8
-                and int(got[0]) == 0x6D6E6966 + peer
-                and _transfer(calls[1], peer_pid, [(cookie.ctypes.data, 8)], [(peer_landing, 8)])
-                == 8
-            )
+            for q, (pid, their_cookie, their_landing, _) in enumerate(table):
+                if q == rank:
+                    continue
+                slot = their_landing + 8 * rank
+                ok = (
+                    _transfer(calls[0], pid, [(got.ctypes.data, 8)], [(their_cookie, 8)]) == 8
+                    and int(got[0]) == token + q
+                    and _transfer(calls[1], pid, [(cookie.ctypes.data, 8)], [(slot, 8)]) == 8
+                )
+                if not ok:
+                    break
         comm.Barrier()  # every write has landed
-        left = (rank - 1) % size
-        ok = ok and int(landing[0]) == 0x6D6E6966 + left
+        ok = ok and all(int(landing[q]) == token + q for q in range(size) if q != rank)
         if not comm.allreduce(ok, op=MPI.LAND) or calls is None:
             return None
         return cls(comm, [entry[0] for entry in table], calls)
