@@ -223,6 +223,7 @@ class CommunicatorBase(Collectives, GradientMean):
         return {
             "allreduce_grad_dtype": self.allreduce_grad_dtype,
             "bucket_bytes": self.bucket_bytes,
+            "inter_host_dtype": self.inter_host_dtype,
         }
 
     def _free_comms(self) -> None:

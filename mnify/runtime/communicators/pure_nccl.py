@@ -571,6 +571,7 @@ class PureNcclCommunicator(CommunicatorBase):
         return {
             "allreduce_grad_dtype": self.allreduce_grad_dtype,
             "bucket_bytes": self._device_bucket_bytes,
+            "inter_host_dtype": self.inter_host_dtype,
             "device": self.device_id,
         }
 

@@ -106,6 +106,9 @@ def main() -> None:
                     model = scheme_model(every, per_host, 1.0 / size if division else 1.0)
                     for i, (g, m) in enumerate(zip(got, model, strict=True)):
                         np.testing.assert_array_equal(g, m, err_msg=f"{what} p{i} vs model")
+    sub = narrow.split(0, rank)  # a split inherits the setting
+    assert sub.inter_host_dtype == np.float16 and sub.compresses_between_hosts
+    sub.finalize()
     print("PASS narrow-across-hosts", flush=True)
 
     got, ref = grads_of(rank, np.float16, 0), grads_of(rank, np.float16, 0)
