@@ -169,6 +169,10 @@ def _gpus_by_driver() -> dict[str, Any]:
     return {"nvidia_smi": exe, "gpus": len(gpus), "note": note}
 
 
+# Yama's setting: 1 and up refuse process_vm_readv/writev between the ranks of a node
+_PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+
+
 def hazards(report: dict[str, Any]) -> list[dict[str, str]]:
     """Known traps for this combination of versions, each with an id and what to do."""
     found: list[dict[str, str]] = []
@@ -242,7 +246,31 @@ def hazards(report: dict[str, Any]) -> list[dict[str, str]]:
                 ),
             }
         )
+    scope = report.get("hosts", {}).get("ptrace_scope")
+    if isinstance(scope, int) and scope >= 1:
+        found.append(
+            {
+                "id": "ranks-cannot-reach-each-other",
+                "message": (
+                    f"Yama's ptrace_scope is {scope}: ranks on one node cannot read or write each "
+                    "other's memory (cross-memory attach is refused between sibling processes). "
+                    "flat then averages through its shared-memory segment only, without the "
+                    "single-copy path it would time against it, and Open MPI's own single-copy "
+                    "transport (smsc/cma) is off too. As root, `sysctl kernel.yama.ptrace_scope=0` "
+                    "allows both (a security trade-off on shared machines)."
+                ),
+            }
+        )
     return found
+
+
+def ptrace_scope(path: str = _PTRACE_SCOPE) -> int | None:
+    """Yama's ``ptrace_scope`` (0: any process of the user may attach), None without Yama."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _hosts_section(hostfile: str | None) -> dict[str, Any]:
@@ -308,6 +336,7 @@ def collect(hostfile: str | None = None) -> dict[str, Any]:
         if mpiexec.flavor == "unknown":
             report["mpiexec"]["error"] = f"not recognised as Open MPI or MPICH: {mpiexec.banner}"
     report["hosts"] = _hosts_section(hostfile)
+    report["hosts"]["ptrace_scope"] = ptrace_scope()  # this node's; others may differ
 
     mpi = _finish_probe(mpi_proc)
     report["mpi4py"] = {

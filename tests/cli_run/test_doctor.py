@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import mnify.doctor
 from mnify.cli import main
-from mnify.doctor import hazards
+from mnify.doctor import hazards, ptrace_scope
 from mnify.launch.hosts import physical_cores
 from mnify.launch.mpiexec import MpiExecNotFound
 
@@ -140,3 +140,17 @@ def test_mpi4py_built_for_another_mpi_than_mpiexec_is_a_hazard() -> None:
 
 def test_multiprocess_iterator_hazard_only_with_open_mpi() -> None:
     assert "openmpi-multiprocess-iterator" not in ids(fake("MPICH Version: 4.1", mpiexec="mpich"))
+
+
+def test_yama_refusing_ranks_each_others_memory_is_a_hazard(tmp_path: Path) -> None:
+    """Ubuntu's default ptrace_scope=1 refuses process_vm_readv between sibling ranks: flat
+    loses its single-copy path (and Open MPI its CMA), and the doctor says how to allow it."""
+    report = fake("Open MPI v5.0.11")
+    assert "ranks-cannot-reach-each-other" not in ids(report)  # no Yama (or unreadable)
+    for scope, hazard in ((0, False), (1, True), (3, True)):
+        report["hosts"] = {"ptrace_scope": scope}
+        assert ("ranks-cannot-reach-each-other" in ids(report)) == hazard, scope
+    setting = tmp_path / "ptrace_scope"
+    setting.write_text("1\n")
+    assert ptrace_scope(str(setting)) == 1
+    assert ptrace_scope(str(tmp_path / "absent")) is None
