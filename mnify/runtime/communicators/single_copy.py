@@ -9,8 +9,8 @@ gradients (all arrays seen as one vector, shares cut on cache lines) and, one ca
 at a time:
 
 1. reads the chunk from every other rank's own gradient arrays straight into a small buffer
-   (one ``process_vm_readv`` per rank, the chunk's pieces as one I/O vector), and adds it into
-   its own gradients, its own values first, then the others in rank order;
+   (one ``process_vm_readv`` per rank, the chunk's pieces as one I/O vector), and sums it into
+   its own gradients in rank order (``x0 + x1 + x2 ...``, whichever rank owns the share);
 2. multiplies the chunk by the scale while it is still in cache;
 3. writes the finished chunk into every other rank's gradients (``process_vm_writev``).
 
