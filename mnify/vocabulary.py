@@ -520,6 +520,11 @@ OPEN_FUNCTIONS = frozenset({"builtins.open", "io.open"})
 # Building the graph to dump it (what the dump_graph extension does on rank 0): one walk over
 # the last loss's graph, bookkeeping next to a training step.
 GRAPH_DUMPERS = frozenset({"chainer.computational_graph.build_computational_graph"})
+# Chainer's configuration switches (``with chainer.no_backprop_mode():``): entering one sets a
+# flag, the work is whatever runs inside, so the switch itself is bookkeeping.
+CONFIG_SWITCHES = frozenset(
+    {"chainer.no_backprop_mode", "chainer.force_backprop_mode", "chainer.using_config"}
+)
 # Reading a clock (time stamps for logs): bookkeeping. ``time.sleep`` is not among them.
 CLOCK_FUNCTIONS = frozenset(
     {

@@ -1183,6 +1183,39 @@ CONVERTER_BUGS = [
         "bookkeeping (a loop that computes is still work)",
     ),
     _found(
+        "no-backprop-mode-helper-ends-loop-body",
+        "guards log_progress(opts, step, it), a print inside `with chainer.no_backprop_mode():`, "
+        "at the end of a training-loop body: lint counted entering the mode as work, so MN302 "
+        "at the next iteration's evaluator (found by a long run, seed 12000)",
+        """\
+        import chainer
+        import chainer.links as L
+        from chainer.training import extensions
+
+        def parse_args():
+            pass
+
+        def log_progress(opts, step, it):
+            with chainer.no_backprop_mode():
+                print(f'batch size {opts.batchsize}')
+
+        def main():
+            cfg = parse_args()
+            net = L.Classifier(L.Linear(None, 10))
+            optimizer = chainer.optimizers.Adam()
+            train_data, test_data = chainer.datasets.get_mnist()
+            train_iter = chainer.iterators.SerialIterator(train_data, cfg.batchsize)
+            test_iter = chainer.iterators.SerialIterator(
+                test_data, cfg.batchsize, repeat=False, shuffle=False)
+            evaluator = extensions.Evaluator(test_iter, net)
+            for iteration in range(cfg.epoch * 100):
+                evaluator.evaluate()
+                log_progress(cfg, iteration, train_iter)
+        """,
+        fixed="lint MN302: Chainer's configuration switches (no_backprop_mode, using_config) "
+        "are bookkeeping; what runs inside them is judged on its own",
+    ),
+    _found(
         "second-pass-guards-call-before-comm",
         "not idempotent: converting the output again (leave_distributed=False) wraps the "
         "banner() call at the top of main() in `if comm.rank == 0:`, 9 lines above "

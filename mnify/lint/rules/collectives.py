@@ -244,7 +244,7 @@ class DivergentWorkBeforeTimedCollective(Rule):
     nested in another call's arguments) other than cheap bookkeeping (builtins such as
     ``print``/``len``, ``extend``/``append``/``format``/``write``/``flush``/``writerow``/``close``/logging methods,
     extension constructors, ``create_empty_dataset``, ``chainer.links`` constructors and classes
-    defined in the file, ``os.path``/``os.makedirs``/``os.mkdir``, reading a clock (``time.time``, not ``time.sleep``), and writing a file: ``open``, ``csv`` writers, ``np.save``,
+    defined in the file, ``os.path``/``os.makedirs``/``os.mkdir``, reading a clock (``time.time``, not ``time.sleep``), Chainer's configuration switches (``chainer.no_backprop_mode``, ``using_config``), and writing a file: ``open``, ``csv`` writers, ``np.save``,
     ``json``/``pickle`` dumps, ``savefig``, the serializers and building the computational graph to dump it, and calls of this file's functions made only of such bookkeeping — what rank 0 alone does as a
     matter of course), and contains
     no collective itself (those are MN301's business). ``rank >= 0``/``rank < 0`` tests are the
@@ -436,6 +436,7 @@ class DivergentWorkBeforeTimedCollective(Rule):
                 or name in N.ROW_WRITER_FACTORIES
                 or name in N.GRAPH_DUMPERS
                 or name in N.CLOCK_FUNCTIONS
+                or name in N.CONFIG_SWITCHES
                 or name in N.DIRECTORY_MAKERS
             ):
                 return False
