@@ -57,23 +57,32 @@ class GradientMean(Transport):
             self._mean_on_one_host(arrays, wire, scale)
             return
         shm = self._shm if wire.kind in "fiuc" else None
-        if shm is not None:
+        flats, flush = arr.contiguous_views(arrays)
+        if shm is not None and shm.size == self.size:
+            self._segment_mean(shm, arrays, flats, wire, scale)
+        elif shm is not None:
             plan = self._plans.get(arrays, wire, shm.slot_bytes, tag="shared")
+            for views, buf in plan.pieces(flats):
+                self._shared_mean(shm, views, buf, scale)
         else:
             # over MPI, packing costs two extra passes: only small arrays are worth it
             plan = self._plans.get(
                 arrays, wire, self.bucket_bytes, tag="mpi", own_bucket_bytes=OWN_BUCKET_BYTES
             )
-        flats, flush = arr.contiguous_views(arrays)
-        if shm is not None and shm.size == self.size:
-            # every rank maps the segment: the mean completes in it, buckets pipelined
-            shm.mean_buckets(plan.pieces(flats), scale, self._sync, self._watchdog)
-        elif shm is not None:
-            for views, buf in plan.pieces(flats):
-                self._shared_mean(shm, views, buf, scale)
-        else:
             plan.run(flats, lambda buf: self._allreduce_into(buf, buf, MPI.SUM), scale)
         flush()
+
+    def _segment_mean(
+        self,
+        shm: SharedMemoryReducer,
+        arrays: list[np.ndarray],
+        flats: list[np.ndarray],
+        wire: np.dtype[Any],
+        scale: float,
+    ) -> None:
+        """Every rank maps the segment: the mean completes in it, buckets pipelined."""
+        plan = self._plans.get(arrays, wire, shm.slot_bytes, tag="shared")
+        shm.mean_buckets(plan.pieces(flats), scale, self._sync, self._watchdog)
 
     def _takes_single_copy(
         self, arrays: list[np.ndarray], wire: np.dtype[Any], scale: float
@@ -95,9 +104,10 @@ class GradientMean(Transport):
         assert self._single_copy is not None
         single = self._single_copy
         flats, flush = arr.contiguous_views(arrays)
+        sizes = tuple(int(a.size) for a in arrays)
 
         def single_copy() -> None:
-            single.mean(flats, scale, self._exchange_addresses, self._sync)
+            single.mean(flats, sizes, scale, self._exchange_addresses, self._sync)
 
         shm = self._shm
         if shm is None or single_copy_module.forced_by_env():
@@ -105,13 +115,12 @@ class GradientMean(Transport):
         else:
 
             def segment() -> None:
-                plan = self._plans.get(arrays, wire, shm.slot_bytes, tag="shared")
-                shm.mean_buckets(plan.pieces(flats), scale, self._sync, self._watchdog)
+                self._segment_mean(shm, arrays, flats, wire, scale)
 
-            key = (wire.str, tuple(int(a.size) for a in arrays))
+            key = (wire.str, sizes)
             choice = self._mean_paths.get(key)
             if choice is None:
-                if len(self._mean_paths) >= 8:  # a stray array list: do not grow without end
+                if len(self._mean_paths) >= single_copy_module.PLANS_KEPT:
                     self._mean_paths.clear()
                 choice = self._mean_paths[key] = MeasuredChoice(
                     ["single_copy", "segment"], self._slowest_rank

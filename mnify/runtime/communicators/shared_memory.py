@@ -128,17 +128,20 @@ def share_bounds(n: int, size: int, itemsize: int) -> list[int]:
     return [min(n, (n * q // size) // step * step) if q < size else n for q in range(size + 1)]
 
 
-def sum_in_rank_order(parts: Sequence[np.ndarray], out: np.ndarray, spare: np.ndarray) -> None:
+def sum_in_rank_order(
+    parts: Sequence[np.ndarray], out: np.ndarray, spare: np.ndarray | None = None
+) -> None:
     """``out = ((parts[0] + parts[1]) + parts[2]) + ...``, the order every path of a host
-    sums in. ``out`` may be one of ``parts`` (a rank summing into its own values: they are
-    read before they are overwritten, using that ``a + b == b + a`` exactly); ``spare``, of
-    the same shape, aliases none of them."""
+    sums in (at least two parts). ``out`` may be one of ``parts`` (a rank summing into its own
+    values: they are read before they are overwritten, using that ``a + b == b + a``
+    exactly); then ``spare``, of the same shape, aliasing none of them, is needed."""
     k = next((i for i, p in enumerate(parts) if p is out), None)
     if k is None or k <= 1:
         np.add(parts[0], parts[1], out=out)
         for p in parts[2:]:
             np.add(out, p, out=out)
         return
+    assert spare is not None, "summing into parts[k >= 2] needs a spare buffer"
     np.add(parts[0], parts[1], out=spare)
     for p in parts[2:k]:
         np.add(spare, p, out=spare)
@@ -438,9 +441,7 @@ class SharedMemoryReducer:
         if self.size == 1:
             np.copyto(out, slots[0])
             return
-        np.add(slots[0], slots[1], out=out)
-        for q in range(2, self.size):
-            np.add(out, slots[q], out=out)
+        sum_in_rank_order(list(slots), out)
 
     def close(self) -> None:
         self._counters.release()

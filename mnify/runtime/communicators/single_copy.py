@@ -54,6 +54,8 @@ ENV = "MNIFY_SINGLE_COPY"
 CHUNK_BYTES = 1 << 20
 # Linux accepts at most this many pieces per I/O vector (UIO_MAXIOV).
 _IOV_MAX = 1024
+# Plans (and measured choices, in mean_grad) kept for this many array lists at most.
+PLANS_KEPT = 8
 
 
 def enabled_by_env() -> bool:
@@ -180,19 +182,22 @@ class SingleCopyReducer:
     def mean(
         self,
         flats: list[np.ndarray],
+        sizes: tuple[int, ...],
         scale: float,
         exchange: Callable[[np.ndarray, np.ndarray], None],
         barrier: Callable[[], None],
     ) -> None:
         """Replace every array of ``flats`` (1-D, contiguous, one dtype, the same sizes on
-        every rank) by its sum over ranks times ``scale``, in place. ``exchange(mine, all)``
-        all-gathers this rank's array addresses; ``barrier`` synchronises the ranks (both
-        through the communicator, so the watchdog times them)."""
+        every rank; ``sizes``: theirs) by its sum over ranks times ``scale``, in place.
+        ``exchange(mine, all)`` all-gathers this rank's array addresses; ``barrier``
+        synchronises the ranks (both through the communicator, so the watchdog times them)."""
         dtype = flats[0].dtype
-        key = (dtype.str, tuple(int(f.size) for f in flats))
+        key = (dtype.str, sizes)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = _Plan(key[1], dtype.itemsize, self.rank, self.size)
+            if len(self._plans) >= PLANS_KEPT:  # stray array lists: do not grow without end
+                self._plans.clear()
+            plan = self._plans[key] = _Plan(sizes, dtype.itemsize, self.rank, self.size)
         mine = np.array([f.ctypes.data for f in flats], dtype=np.uint64)
         every = np.empty((self.size, len(flats)), dtype=np.uint64)
         exchange(mine, every)  # also: every rank's gradients are final
@@ -272,7 +277,7 @@ class SingleCopyReducer:
             self._call(self._readv, q, target, remote[q][a:b], nbytes)
             return into
 
-        def add_into_pieces(values: np.ndarray) -> None:
+        def add_into_pieces(values: np.ndarray) -> None:  # values + v == v + values, bit for bit
             at = 0
             for v, k in zip(chunk, sizes, strict=True):
                 np.add(values[at : at + k], v, out=v)
@@ -287,11 +292,7 @@ class SingleCopyReducer:
         elif r == 1:
             add_into_pieces(read(0, incoming))
         for q in range(r + 1, self.size):
-            at = 0
-            values = read(q, incoming)
-            for v, k in zip(chunk, sizes, strict=True):
-                np.add(v, values[at : at + k], out=v)
-                at += k
+            add_into_pieces(read(q, incoming))
 
     def _call(
         self, call: Any, peer: int, local: np.ndarray, remote: np.ndarray, nbytes: int
