@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Set everything up (idempotent) and run the whole suite: ruff, mypy, nvcc compile checks
 # (where nvcc exists), and pytest with real MPI ranks.
+#   bash scripts/test.sh            everything (what CI runs)
+#   bash scripts/test.sh --quick    the quick tier for day-to-day work: single-process tests but
+#                                   the slow ones, property tests at a small draw, and the few
+#                                   2-rank runs marked smoke (tests/conftest.py marks every test
+#                                   that launches ranks as mpi)
+# Other arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -12,9 +18,15 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "== ruff check" && "$bin/ruff" check mnify tests bench examples
 echo "== ruff format --check" && "$bin/ruff" format --check mnify tests bench examples
 echo "== mypy" && "$bin/mypy" mnify
+quick=()
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  quick=(-m "not slow and not multihost and not gpu and (smoke or not mpi)")
+  export MNIFY_HYPOTHESIS_PROFILE="${MNIFY_HYPOTHESIS_PROFILE:-mnify-quick}"
+fi
 echo "== pytest"
 set +e
-"$bin/python" -m pytest -p no:cacheprovider --timeout=600 "$@"
+"$bin/python" -m pytest -p no:cacheprovider --timeout=600 "${quick[@]}" "$@"
 rc=$?
 set -e
 # pytest's 5 means "no tests collected": a suite that ran nothing must not pass.

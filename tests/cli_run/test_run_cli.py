@@ -26,6 +26,7 @@ def invoke(*args: str) -> Result:
     return CliRunner().invoke(main, ["run", *args], env=rank_env(), catch_exceptions=False)
 
 
+@pytest.mark.smoke
 def test_success_on_two_ranks_passes_output_untagged_and_exits_zero() -> None:
     proc = mnify_run("-n", "2", str(SCRIPT), "ok", "--lr", "0.1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -45,6 +46,7 @@ def test_success_on_three_ranks_with_rank_tags() -> None:
         assert f"[{r}] note from rank {r}" in result.stderr.splitlines()
 
 
+@pytest.mark.smoke
 def test_plain_mpi4py_script_failing_on_one_rank_ends_instead_of_hanging() -> None:
     proc = mnify_run("-n", "2", str(SCRIPT), "plain_one", timeout=60)
     assert proc.returncode != 0, proc.stderr

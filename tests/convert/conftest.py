@@ -4,6 +4,7 @@ Also the hypothesis profiles of the converter's property tests (``test_propertie
 ``mnify-ci`` (the default) is derandomized, keeps no example database and is sized so all
 property tests together stay within about a minute on a two-core machine (failures are not
 shrunk);
+``mnify-quick`` (``scripts/test.sh --quick``) draws a third as many;
 ``MNIFY_HYPOTHESIS_PROFILE=mnify-dev`` draws more, random examples and remembers failures.
 ``scripts/hypothesis_long.py`` is the long run.
 """
@@ -24,6 +25,16 @@ settings.register_profile(
     print_blob=True,
     # a failure is reported as drawn: shrinking one costs minutes (scripts/hypothesis_long.py
     # shrinks and keeps the minimal examples)
+    phases=(Phase.explicit, Phase.generate),
+)
+# scripts/test.sh --quick: a third of the CI draw, for day-to-day work
+settings.register_profile(
+    "mnify-quick",
+    max_examples=5,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
     phases=(Phase.explicit, Phase.generate),
 )
 settings.register_profile("mnify-dev", max_examples=300, deadline=None, print_blob=True)

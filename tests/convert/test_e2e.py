@@ -102,6 +102,7 @@ def _params(path: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.smoke
 def test_mnist_strong_scaling_reproduces_single_process(ranks: int, tmp_path: Path) -> None:
     """Global batch kept (--scaling strong): same validation loss curve and same weights.
 

@@ -208,6 +208,7 @@ def _kill_at_random(
     run.wait()
 
 
+@pytest.mark.slow
 def test_kill_9_never_truncates_the_input_or_the_backup(tmp_path: Path) -> None:
     if not MNIFY.exists():
         pytest.skip("mnify is not installed as a console script next to this Python")

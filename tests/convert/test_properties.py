@@ -815,6 +815,7 @@ def test_generated_scripts_are_sensible_programs(skeleton: Skeleton) -> None:
     assert undefined_globals(skeleton.source) == set()
 
 
+@pytest.mark.slow
 def test_generator_exercises_the_converter() -> None:
     """>= 80% of the skeletons the converter accepts gain a rank-0 guard and a scatter_dataset
     (else the generator is too tame to find the converter's bugs). Skeletons it rejects are
@@ -1474,6 +1475,7 @@ def convert_in_subprocesses(
     return results
 
 
+@pytest.mark.slow
 def test_output_is_the_same_bytes_across_processes(tmp_path: Path) -> None:
     """Hash seed and allocator must not change a single byte (DESIGN.md section 0)."""
     # 16 scripts (about 110 lines each): three interpreters converting them cost ~20 s of the

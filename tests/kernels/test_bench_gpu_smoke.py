@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.support import fakecupy
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_bench_gpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = fakecupy.run_bench_smoke(REPO / "bench" / "gpu.py", out, tmp_path, timeout=300)

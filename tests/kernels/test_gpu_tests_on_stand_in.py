@@ -13,12 +13,15 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import fakecupy
 from tests.support.mpirun import REPO, mpi_env
 
 FAKE = fakecupy.PATH
 
 
+@pytest.mark.slow
 def test_gpu_marked_tests_run_on_the_stand_in() -> None:
     env = mpi_env({"PYTHONPATH": f"{FAKE}:{REPO}"})
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "mnify_fake_device"]

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from mnify.lint.files import lint_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_no_internal_errors_on_real_code() -> None:
     targets = [ROOT / "fixtures", ROOT / "mnify" / "runtime" / "communicators"]
     result = lint_paths([t for t in targets if t.exists()], select=["ALL"])

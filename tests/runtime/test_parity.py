@@ -42,6 +42,7 @@ def test_parity_on_each_one_host_path_of_flat(n_ranks: int, path: str) -> None:
     )
 
 
+@pytest.mark.smoke
 def test_parity_in_debug_mode() -> None:
     """MNIFY_DEBUG=1 compares every collective's shapes: uneven batches must not look like a bug."""
     run_script(2, "parity_checks.py", CHECKS, extra_env={"MNIFY_DEBUG": "1"})
