@@ -56,7 +56,7 @@ MODEL_PARALLEL_MARKERS = _multi_node(
 )
 
 
-# Extensions that write files or print: they belong on one rank (DESIGN §1, "rank-0 guards").
+# Extensions that write files or print: they belong on one rank (docs/design.md §1, "rank-0 guards").
 # Lint's MN401 flags and the converter guards exactly these.
 REPORTING_EXTENSION_NAMES = frozenset(
     {
@@ -127,7 +127,7 @@ CPU_COMMUNICATORS = {"mnify": "flat", "chainermn": "naive"}
 
 
 def cpu_communicator(target: str) -> str:
-    """The communicator a CPU run gets under ``--target`` (DESIGN §1)."""
+    """The communicator a CPU run gets under ``--target`` (docs/design.md §1)."""
     return CPU_COMMUNICATORS.get(target, CPU_COMMUNICATORS["mnify"])
 
 
@@ -288,7 +288,7 @@ def any_is(names: Iterable[str], predicate: Callable[[str], bool]) -> bool:
 
 
 def is_reporting_extension(name: str) -> bool:
-    """An extension that writes files or the terminal: rank 0 only (DESIGN §1, rank-0 guards)."""
+    """An extension that writes files or the terminal: rank 0 only (docs/design.md §1, rank-0 guards)."""
     return is_extension(name, *REPORTING_EXTENSION_NAMES)
 
 

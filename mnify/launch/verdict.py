@@ -2,7 +2,7 @@
 
 The words start with ``mnify run: the job failed (exit status N): CATEGORY: culprits...`` and
 show one traceback per group of ranks, what mpiexec said, and the hint. The data follows the
-schema in the design document (section 2)::
+schema in docs/design.md (§2)::
 
     {"schema": 1, "exit_status": int, "category": str, "culprit_ranks": [int],
      "errors": [{"type": str, "message": str, "ranks": [int], "hosts": [str]}], "hint": str}

@@ -1,4 +1,4 @@
-"""The converter behind ``mnify convert``: libcst rewrites, one module per DESIGN.md section 1 step.
+"""The converter behind ``mnify convert``: libcst rewrites, one module per docs/design.md §1 step.
 
 Pipeline (``driver``): parse each file, resolve qualified names once (``facts``), let every
 rewrite plan its edits against those facts (``communicator``, ``device``, ``optimizer``,

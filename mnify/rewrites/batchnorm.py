@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "batch norm": statistics over the global batch, not each shard.
+"""docs/design.md §1, step "batch norm": statistics over the global batch, not each shard.
 
 ``L.BatchNormalization(size, ...)`` becomes ``mn.links.MultiNodeBatchNormalization(size, comm,
 ...)``. Inside a model class of a converted file the class's ``__init__`` gains a keyword-only

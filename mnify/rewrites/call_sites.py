@@ -1,5 +1,5 @@
 """What a helper or a model class cannot do without ``comm`` happens where the entry point
-calls it (DESIGN §0: no rewrite changes a function or class signature).
+calls it (docs/design.md §0: no rewrite changes a function or class signature).
 
 ChainerMN's own answer, applied across the files of a project: a model class holding
 BatchNormalization is converted where it is built, ``create_mnbn_model(Net(...), comm)``; an

@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "communicator": ``comm = mn.create_communicator(...)``.
+"""docs/design.md §1, step "communicator": ``comm = mn.create_communicator(...)``.
 
 Where: in the training entry point, right after it obtains the parsed arguments. The namespace
 is followed from ``parser.parse_args()`` to where the script keeps it: a helper that only parses
@@ -361,7 +361,7 @@ class Choice:
 
 
 def choose(ctx: FileContext) -> Choice:
-    """Which communicator the emitted code creates (DESIGN §1)."""
+    """Which communicator the emitted code creates (docs/design.md §1)."""
     entry = ctx.entry
     cpu = vocab.cpu_communicator(ctx.options.target)
     gpu = vocab.GPU_COMMUNICATOR

@@ -281,7 +281,7 @@ class FileContext:
     def comm_at(self, func: cst.FunctionDef | None, why: str) -> str | None:
         """The expression naming the communicator at code inside ``func`` (None: module level),
         or None where the communicator is not in scope. No rewrite ever adds a ``comm``
-        parameter to reach further (DESIGN §0): what needs ``comm`` outside the entry point is
+        parameter to reach further (docs/design.md §0): what needs ``comm`` outside the entry point is
         lifted to the calls of the enclosing helper or class (:meth:`lift`). ``why`` names
         the construct, for messages."""
         if self.visible(func):

@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "data": rank 0 loads, ``scatter_dataset`` hands out the shards.
+"""docs/design.md §1, step "data": rank 0 loads, ``scatter_dataset`` hands out the shards.
 
 The datasets that feed the iterators are found from the iterator constructions. In the block
 that builds the iterator, the statements that load and transform those datasets are put under
@@ -484,7 +484,7 @@ def _inside(ctx: FileContext, stmt: cst.BaseStatement | None, outer: cst.BaseSta
 
 
 def _plan_tail(ctx: FileContext, item: _BlockWork, comm: str) -> set[str]:
-    """DESIGN §1, "post-training tail": code after training that reads a dataset as if it were
+    """docs/design.md §1 "post-training tail": code after training that reads a dataset as if it were
     whole (sample images from the test set, a final accuracy over it) runs on rank 0, which keeps
     the whole dataset (the iterators get the shards); the other ranks finish. Returns the
     datasets the tail reads; a tail that also takes part in collectives is left for a person."""

@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "device": every rank drives the GPU numbered ``comm.intra_rank``.
+"""docs/design.md §1, step "device": every rank drives the GPU numbered ``comm.intra_rank``.
 
 The script's own device flag decides at run time whether a run uses a GPU: ``--gpu 0`` /
 ``-g`` / ``--gpu-device`` / ``--gpu_id`` (an int, ``-1`` for CPU), ``--device @cupy:0`` (a

@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "already distributed": a ChainerMN script, or mnify's own output,
+"""docs/design.md §1, step "already distributed": a ChainerMN script, or mnify's own output,
 is left as it is.
 
 Converting such a file again would put guards before its communicator exists, wrap its

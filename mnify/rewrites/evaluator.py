@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "evaluator": every rank evaluates its shard; the ranks' results are
+"""docs/design.md §1, step "evaluator": every rank evaluates its shard; the ranks' results are
 combined into the result over the whole test set.
 
 Two kinds of evaluator, told apart here:

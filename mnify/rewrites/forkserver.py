@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "fork hazards": forking an MPI process can corrupt or crash it.
+"""docs/design.md §1, step "fork hazards": forking an MPI process can corrupt or crash it.
 
 ``MultiprocessIterator`` forks worker processes, so the forkserver preamble
 (``multiprocessing.set_start_method('forkserver')`` and one dummy process started and joined)

@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "rank-0 guards": only rank 0 writes files and prints.
+"""docs/design.md §1, step "rank-0 guards": only rank 0 writes files and prints.
 
 Under ``if comm.rank == 0:`` go (neighbours share one ``if``): the writing and reporting
 extensions (LogReport, PrintReport and their subclasses, ProgressBar, PlotReport, snapshots,

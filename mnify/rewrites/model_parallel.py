@@ -113,7 +113,7 @@ def plan(ctx: FileContext) -> None:
         ctx.use_runtime()
         pconv = ctx.spell.links("ParallelConvolution2D")
         # Output channels are what is divided: with fewer of them than ranks, some ranks would
-        # hold nothing and only wait (DESIGN.md said in_channels; the split is over outputs).
+        # hold nothing and only wait (the design said in_channels; the split is over outputs).
         cond = ctx.code(out_channels)
         if not isinstance(
             out_channels, (cst.Name, cst.Attribute, cst.Integer, cst.BinaryOperation, cst.Call)

@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "optimizer": wrap every Chainer optimizer for gradient averaging.
+"""docs/design.md §1, step "optimizer": wrap every Chainer optimizer for gradient averaging.
 
 ``opt = chainer.optimizers.Adam(...)`` becomes
 ``opt = mn.create_multi_node_optimizer(chainer.optimizers.Adam(...), comm)`` wherever it is

@@ -16,7 +16,7 @@ ScaleLr = Literal["none", "linear"]
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """The conversion flags of ``mnify convert`` (DESIGN.md section 2)."""
+    """The conversion flags of ``mnify convert`` (docs/design.md §2)."""
 
     target: Target = "mnify"
     communicator: CommunicatorChoice = "auto"

@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "scaling": what N ranks do to the batch and the learning rate.
+"""docs/design.md §1, step "scaling": what N ranks do to the batch and the learning rate.
 
 Weak scaling (ChainerMN's default) leaves the per-rank batch as written, so N ranks train with
 N times the batch and an epoch takes 1/N of the iterations; ``--scaling strong`` divides the

@@ -1,4 +1,4 @@
-"""DESIGN.md section 1, step "workers": ranks on one node share its cores.
+"""docs/design.md §1, step "workers": ranks on one node share its cores.
 
 Every rank builds its own ``MultiprocessIterator``, so a script that asked for ``k`` loader
 processes (``n_processes=args.loaderjob``) now starts ``k`` per rank: ``comm.intra_size`` times

@@ -41,7 +41,7 @@ from tests.convert.corpus_support import (
 from tests.support.mpirun import REPO, mpi_env, run_ranks
 
 OPTIONS = ConvertOptions()
-# Hash seeds and allocators the output must not depend on (DESIGN.md section 0).
+# Hash seeds and allocators the output must not depend on (docs/design.md §0).
 ENVIRONMENTS = {
     "hashseed0": {"PYTHONHASHSEED": "0"},
     "hashseed12345": {"PYTHONHASHSEED": "12345"},
@@ -173,7 +173,7 @@ def test_output_compiles(script: CorpusScript) -> None:
 
 @pytest.mark.parametrize("script", params("signatures"))
 def test_output_keeps_every_signature(script: CorpusScript) -> None:
-    """DESIGN.md section 0: no rewrite changes a function or class signature."""
+    """docs/design.md §0: no rewrite changes a function or class signature."""
     output = output_of(script)
     before, after = _signatures(script.source), _signatures(output)
     assert after == before, (

@@ -1,4 +1,4 @@
-"""Property-based tests for the converter's safety contract (DESIGN.md section 0).
+"""Property-based tests for the converter's safety contract (docs/design.md §0).
 
 Generated Chainer scripts (``tests/convert/skeletons.py``) must convert without error into
 output that compiles and
@@ -159,7 +159,7 @@ def signature(stmt: ast.stmt) -> tuple[object, ...]:
         handlers = tuple((d(h.type) if h.type else None, h.name) for h in stmt.handlers)
         return (type(stmt).__name__, handlers, bool(stmt.orelse), bool(stmt.finalbody))
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        # DESIGN.md section 0: no rewrite changes a signature
+        # docs/design.md §0: no rewrite changes a signature
         return ("def", stmt.name, d(stmt.args), tuple(d(x) for x in stmt.decorator_list))
     if isinstance(stmt, ast.ClassDef):
         return ("class", stmt.name, tuple(d(b) for b in stmt.bases))
@@ -654,7 +654,7 @@ def comments(text: str) -> list[str]:
 
 
 def check_comments_kept(source: str, output: str) -> None:
-    """Every comment of the input is still in the output, in order (DESIGN.md section 1:
+    """Every comment of the input is still in the output, in order (docs/design.md §1:
     comments outside edited nodes are kept)."""
     kept = iter(comments(output))
     for comment in comments(source):
@@ -1477,7 +1477,7 @@ def convert_in_subprocesses(
 
 @pytest.mark.slow
 def test_output_is_the_same_bytes_across_processes(tmp_path: Path) -> None:
-    """Hash seed and allocator must not change a single byte (DESIGN.md section 0)."""
+    """Hash seed and allocator must not change a single byte (docs/design.md §0)."""
     # 16 scripts (about 110 lines each): three interpreters converting them cost ~20 s of the
     # one-minute CI budget on two cores; scripts/hypothesis_long.py has no such limit
     sources = sample_skeleton_sources(16, draw_seed=7)

@@ -1,4 +1,4 @@
-"""MN5xx: pieces a data-parallel script needs on every rank (DESIGN §1): scattered data, a
+"""MN5xx: pieces a data-parallel script needs on every rank (docs/design.md §1): scattered data, a
 multi-node optimizer, multi-node batch normalization, a multi-node evaluator."""
 
 from __future__ import annotations

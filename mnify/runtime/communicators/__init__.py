@@ -13,7 +13,7 @@
 - ``auto``: ``pure_nccl`` when every rank's CuPy sees a GPU; on CPU, when the ranks span several
   hosts and some host runs several ranks, ``two_dimensional`` if the hosts are separate
   machines (no shared memory between them) running the same number of ranks each, else
-  ``hierarchical``; otherwise ``flat`` (DESIGN.md said ``naive``; ``flat`` is the same contract
+  ``hierarchical``; otherwise ``flat`` (the design said ``naive``; ``flat`` is the same contract
   and measured faster, see bench/allreduce.py).
 
 Creating any communicator installs :mod:`mnify.runtime.excepthook`'s exception hook, so one rank's

@@ -1,6 +1,6 @@
 """create_channel_parallel_model: a copy of a model whose convolutions are split over ranks.
 
-``mnify convert --model-parallel channel`` never edits a model class (DESIGN §0: no signature
+``mnify convert --model-parallel channel`` never edits a model class (docs/design.md §0: no signature
 changes); the place that builds the model becomes
 ``model = mn.links.create_channel_parallel_model(Net(...), comm)`` instead. A
 ``Convolution2D`` is split when it is initialised (its input channels are known), ungrouped, and
