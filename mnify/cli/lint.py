@@ -7,6 +7,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,9 @@ from mnify.lint.docs import EXAMPLE_IMPORTS, render_markdown
 from mnify.lint.files import LintResult, lint_paths
 from mnify.lint.formatters import FORMATS, format_diagnostics, format_statistics
 from mnify.lint.registry import ALL_RULES, SelectorError, rule_for, split_selectors
+
+if TYPE_CHECKING:
+    from mnify.rewrites.registry import Rewrite
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -156,7 +160,17 @@ def explain(code: str) -> None:
     """Explain rule CODE (or rule name): what, when it fires, why, bad and good example."""
     rule = rule_for(code)
     if rule is None:
-        click.echo(f"error: unknown rule '{code}'; `mnify rules` lists them", err=True)
+        from mnify.rewrites import docs as step_docs
+
+        step = step_for_code(code)
+        if step is not None:
+            click.echo(step_docs.render_step(step, heading="#"), nl=False)
+            return
+        click.echo(
+            f"error: unknown rule '{code}'; `mnify rules` lists them "
+            "(`mnify rules --converter` the converter's MN8xx steps)",
+            err=True,
+        )
         sys.exit(EXIT_ERROR)
     click.echo(
         f"{rule.code} ({rule.name})\n\n"
@@ -181,8 +195,16 @@ def explain(code: str) -> None:
     default="table",
     show_default=True,
 )
-def rules(output_format: str) -> None:
+@click.option(
+    "--converter",
+    is_flag=True,
+    help="List the converter's steps (MN8xx codes) instead of the lint rules.",
+)
+def rules(output_format: str, converter: bool) -> None:
     """List every rule: code, name, whether `mnify convert` fixes it, whether it is on by default."""
+    if converter:
+        _converter_steps(output_format)
+        return
     if output_format == "markdown":
         click.echo(render_markdown(ALL_RULES), nl=False)
         return
@@ -213,4 +235,39 @@ def rules(output_format: str) -> None:
             "on" if rule.default_enabled else "off",
             rule.summary,
         )
+    Console(file=sys.stdout, width=160).print(table)
+
+
+def step_for_code(code: str) -> Rewrite | None:
+    """The converter step named by an MN8xx code or a step name (``mnify explain MN803``)."""
+    from mnify.rewrites import docs as step_docs
+
+    return step_docs.step_for(code)
+
+
+def _converter_steps(output_format: str) -> None:
+    """``mnify rules --converter``: the MN8xx steps (docs/converter.md is the markdown form)."""
+    from mnify.rewrites import docs as step_docs
+    from mnify.rewrites.registry import load_rewrites
+
+    steps = load_rewrites()
+    if output_format == "markdown":
+        click.echo(step_docs.render_markdown(steps), nl=False)
+        return
+    if output_format == "json":
+        rows = [
+            {"code": s.own_code, "step": s.step, "order": s.order, "fixes": list(s.fixes)}
+            for s in steps
+        ]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="mnify convert steps")
+    for column in ("code", "step", "order", "fixes", "summary"):
+        table.add_column(column)
+    for s in steps:
+        first = step_docs.step_doc(s).split("\n\n", 1)[0].replace("\n", " ")
+        table.add_row(s.own_code, s.step, str(s.order), ", ".join(s.fixes) or "-", first)
     Console(file=sys.stdout, width=160).print(table)
