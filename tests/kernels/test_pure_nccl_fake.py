@@ -36,6 +36,9 @@ from tests.support.rank_checks import passed
 
 calls = cupy.cuda.nccl.NcclCommunicator.calls
 
+def host(x):  # a result on the host: CuPy arrays only through asnumpy (they are opaque)
+    return cupy.asnumpy(x) if isinstance(x, cupy.ndarray) else np.asarray(x)
+
 def check(name, cond, detail=""):
     if not cond:
         raise AssertionError(f"{name} failed on rank {comm.rank}: {detail}")
@@ -148,7 +151,7 @@ parts = comm.allgather(mine)
 check("allgather uneven", [p.shape for p in parts] == [(q + 1, 2) for q in range(n)] and all(np.all(cupy.asnumpy(p) == q) for q, p in enumerate(parts)))
 check("allgather padded bytes", calls[-1] == f"allGather:1:{n * 2 * 4}", calls[-1])
 mixed = comm.allgather(mine if r == 0 else cupy.asnumpy(mine))
-check("allgather mixed modules via MPI", [np.asarray(p).shape for p in mixed] == [(q + 1, 2) for q in range(n)])
+check("allgather mixed modules via MPI", [host(p).shape for p in mixed] == [(q + 1, 2) for q in range(n)])
 g = comm.gather(mine, root=0)
 check("gather via MPI", (g is None) == (r != 0))
 
@@ -158,7 +161,7 @@ incoming = comm.alltoall(outgoing)
 check("alltoall device", all(isinstance(a, cupy.ndarray) and a.shape == (q + 1, r + 1) and np.all(cupy.asnumpy(a) == 10 * q + r) for q, a in enumerate(incoming)))
 check("alltoall over send/recv", sum(c.startswith("send:1:") for c in calls) == n - 1 and sum(c.startswith("recv:1:") for c in calls) == n - 1, calls)
 mixed = comm.alltoall([cupy.asnumpy(o) for o in outgoing] if r == 0 else outgoing)
-check("alltoall mixed via MPI", [np.asarray(a).tolist() for a in mixed] == [np.asarray(a).tolist() for a in incoming])
+check("alltoall mixed via MPI", [host(a).tolist() for a in mixed] == [host(a).tolist() for a in incoming])
 
 # -- fp16 transport: scaled before the sum, within float16 tolerance
 c16 = create_communicator("pure_nccl", allreduce_grad_dtype=np.float16)
