@@ -43,9 +43,11 @@ def _queued(fn: Callable[..., None], *args: Any) -> None:
     for a in args:
         if isinstance(a, list):
             arrays += [x for x in a if isinstance(x, cupy.ndarray)]
-    cupy._check_device(*arrays)
     mems = [[_mem(x) for x in a] if isinstance(a, list) else _mem(a) for a in args]
-    cupy._enqueue(lambda: fn(*mems), touches=arrays)
+    # as the CUDA module does: under the device of the arrays, on its current stream
+    with cupy.cuda.Device(arrays[0].device.id if arrays else None):
+        cupy._check_device(*arrays)
+        cupy._enqueue(lambda: fn(*mems), touches=arrays)
 
 
 def pack(arrays: Sequence[Any], out: Any, scale: float = 1.0) -> None:
@@ -56,6 +58,10 @@ def pack(arrays: Sequence[Any], out: Any, scale: float = 1.0) -> None:
 def unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> None:
     _refuse_aliases(buf, arrays)
     _queued(host.unpack, buf, list(arrays), scale)
+
+
+def scale(x: Any, factor: float) -> None:
+    _queued(host.scale, x, factor)
 
 
 def _sums(twin: Callable[..., tuple[np.ndarray, np.ndarray]], *xs: Any) -> tuple[Any, Any]:
@@ -86,7 +92,7 @@ def split_channels(x: Any, counts: Sequence[int], out: Any) -> None:
 
 
 if STRICT:
-    for _name in ("pack", "unpack", "channel_sums", "bn_backward_sums"):
+    for _name in ("pack", "unpack", "scale", "channel_sums", "bn_backward_sums"):
         setattr(shim, _name, globals()[_name])
     shim.gather_channels = gather_channels
     shim.split_channels = split_channels
@@ -95,7 +101,7 @@ if STRICT:
 else:
     import functools
 
-    for _name in ("pack", "unpack", "channel_sums", "bn_backward_sums"):
+    for _name in ("pack", "unpack", "scale", "channel_sums", "bn_backward_sums"):
         setattr(shim, _name, getattr(host, _name))
     shim.gather_channels = host.gather_channels
     shim.split_channels = host.split_channels

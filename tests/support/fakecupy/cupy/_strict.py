@@ -249,11 +249,11 @@ class Stream:
 
 
 class _Wait(_Op):
-    def __init__(self, source: Stream, pos: int) -> None:
-        self.source, self.pos = source, pos
+    def __init__(self, source: Stream, upto: int) -> None:
+        self.source, self.upto = source, upto
 
     def run(self, block: bool) -> bool:
-        return self.source._run(self.pos, block)
+        return self.source._run(self.upto, block)
 
 
 _DEFAULT_STREAM = Stream(null=True, _device_id=-1)
@@ -824,6 +824,7 @@ uint32, uint64 = np.uint32, np.uint64
 float16, float32, float64 = np.float16, np.float32, np.float64
 dtype = np.dtype
 newaxis = None
+nan, inf, pi = np.nan, np.inf, np.pi
 
 # numpy functions of device arrays, queued like everything else (a result is a device array)
 _FUNCTIONS = frozenset(
