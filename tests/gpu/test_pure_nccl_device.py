@@ -279,7 +279,7 @@ def test_overlap_scheduler_with_a_main_communicator_collective_inside(comm: Any)
         hosts = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         wide = cp.asarray(np.stack([hosts[1], hosts[1]], axis=-1))
         grads = [cp.asarray(hosts[0]), wide[..., 0], cp.asarray(hosts[2])]
-        for step in range(2):
+        for _ in range(2):
             sched.ready(0, grads[0])
             stats = comm.allreduce(cp.arange(8, dtype=cp.float32))
             sched.ready(1, grads[1])
