@@ -29,6 +29,8 @@ right by luck on a GPU is wrong here, every time:
   pending, and the launching stream has no event-order after it, raises: NCCL's kernels block
   until their peers arrive, so NCCL operations on one device must run in one order (the same
   on every rank) -- unordered, they may deadlock.
+- **No cuRAND, cuBLAS, cuFFT** (``cupy.random``, ``@``, ``cupy.linalg``): as a CuPy wheel
+  installed without the CUDA toolkit's extra libraries, which is what the lent GPU machine has.
 - **Kernels**: ``RawModule`` emulates mnify's ``mnify_bucket_copy`` kernels (pack.cu) from
   their raw-pointer tables, read when the launch runs, and refuses ``__restrict__`` pointers
   that alias (the bucket overlapping an array); other kernels are not emulated
@@ -542,8 +544,22 @@ def _inplace(op: Callable[[Any, Any], Any]) -> Callable[..., Any]:
     return method
 
 
+def _missing_library(name: str) -> Any:
+    raise ImportError(f"cupy.{name} needs {_TOOLKIT_LIBRARIES[name]}, not in this CuPy install")
+
+
+# what a CuPy wheel without the CUDA toolkit's extra libraries cannot do (the lent GPU machine's)
+_TOOLKIT_LIBRARIES = {"random": "cuRAND", "linalg": "cuBLAS/cuSOLVER", "fft": "cuFFT"}
+
+
+def _no_cublas(*args: Any) -> Any:
+    raise RuntimeError("matmul needs cuBLAS (libcublas), not in this CuPy install")
+
+
 class ndarray:  # noqa: N801 - CuPy's name
     """A device array numpy cannot read (see the module doc)."""
+
+    __module__ = "cupy"
 
     __array_priority__ = 100
     __hash__ = None  # type: ignore[assignment]
@@ -707,7 +723,7 @@ class ndarray:  # noqa: N801 - CuPy's name
     __floordiv__ = _binary(operator.floordiv)
     __mod__ = _binary(operator.mod)
     __pow__, __rpow__ = _binary(operator.pow), _binary(operator.pow, True)
-    __matmul__ = _binary(operator.matmul)
+    __matmul__ = __rmatmul__ = _no_cublas
     __and__, __or__, __xor__ = _binary(operator.and_), _binary(operator.or_), _binary(operator.xor)
     __eq__ = _binary(operator.eq)  # type: ignore[assignment]
     __ne__ = _binary(operator.ne)  # type: ignore[assignment]
@@ -724,7 +740,7 @@ class ndarray:  # noqa: N801 - CuPy's name
 
 
 _METHODS = frozenset(
-    "sum max min mean prod all any argmax argmin std var cumsum clip round nonzero dot".split()
+    "sum max min mean prod all any argmax argmin std var cumsum clip round nonzero".split()
 )
 
 
@@ -829,11 +845,13 @@ nan, inf, pi = np.nan, np.inf, np.pi
 # numpy functions of device arrays, queued like everything else (a result is a device array)
 _FUNCTIONS = frozenset(
     "abs sqrt exp log maximum minimum where stack concatenate isnan isfinite sum max min mean "
-    "multiply add subtract divide matmul dot clip sign allclose array_equal all any".split()
+    "multiply add subtract divide clip sign allclose array_equal all any".split()
 )
 
 
 def __getattr__(name: str) -> Any:
+    if name in _TOOLKIT_LIBRARIES:
+        _missing_library(name)
     if name in _FUNCTIONS:
         fn = getattr(np, name)
 
@@ -845,16 +863,6 @@ def __getattr__(name: str) -> Any:
 
         return call
     raise AttributeError(f"module 'cupy' (fake, strict) has no attribute {name!r}")
-
-
-class random:  # noqa: N801 - CuPy's module name
-    """Host-made numbers, uploaded (no cuRAND)."""
-
-    _rng = np.random.default_rng(0)
-
-    @staticmethod
-    def standard_normal(size: Any = None, dtype: Any = np.float64) -> ndarray:
-        return _upload(random._rng.standard_normal(size).astype(dtype))
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -905,6 +913,21 @@ class _BucketCopy:
         _enqueue(
             run, touches=[*(t for t in (ptrs, offsets, sizes, tile_array, tile_begin)), buffer]
         )
+
+
+class _Spin:
+    """bench/spin.cu's ``mnify_bench_spin(cycles, sink)``: a wait of ``cycles`` ns here."""
+
+    def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int = 0, **kw: Any) -> None:
+        cycles, sink = int(args[0]), args[1]
+        _check_device(sink)
+        _enqueue(lambda: time.sleep(min(cycles * 1e-9, 0.05)), touches=[sink])
+
+
+class RawKernel(_Spin):
+    def __init__(self, code: str, name: str, **kwargs: Any) -> None:
+        if name != "mnify_bench_spin":
+            raise NotImplementedError(f"the CuPy stand-in does not emulate kernel {name!r}")
 
 
 class RawModule:
