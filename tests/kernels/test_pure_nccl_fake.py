@@ -283,9 +283,9 @@ else:
 
 
 def test_watchdog_names_the_rank_that_never_queued_its_nccl_call() -> None:
-    # NCCL calls return at once and the GPU waits; the fake returns after 0.3 s with the
-    # reduction still queued, so only pure_nccl's own wait (under the watchdog) can notice.
-    env = {"MNIFY_WATCHDOG_TIMEOUT": "2", "FAKE_NCCL_ENQUEUE_S": "0.3"}
+    # NCCL calls return at once and the GPU waits; the strict stand-in queues each call on its
+    # stream likewise, so only pure_nccl's own wait (under the watchdog) can notice.
+    env = {"MNIFY_WATCHDOG_TIMEOUT": "2"}
     run = run_ranks(2, f"FAKE = {str(FAKE)!r}\n" + HANG, timeout=90, env=env, check=False)
     assert not run.timed_out and run.returncode != 0, run.output
     assert run.output.count("first average done") == 2, run.output
