@@ -234,3 +234,18 @@ def test_scale_in_place_matches_twin(dtype: Any, factor: float) -> None:
     x = cp.asarray(host_x)
     kernels.scale(x[:, ::2], factor)
     np.testing.assert_array_equal(cp.asnumpy(x), want)
+
+
+def test_prepared_pack_replayed_on_another_stream() -> None:
+    """A prepared pack's tables are uploaded on the stream it was prepared on; replayed on
+    another stream it waits on an event after the uploads (no host wait), and packs right."""
+    cp = _cp()
+    arrays = [cp.asarray(np.full(3000, 3.0, np.float32)), cp.asarray(np.full(5, 5.0, np.float16))]
+    out = cp.zeros(3005, np.float32)
+    cp.cuda.get_current_stream().synchronize()  # the data is there; the tables are not yet
+    prepared = kernels.prepare_pack(arrays, out, 0.5)
+    other = cp.cuda.Stream(non_blocking=True)
+    with other:
+        prepared()
+    other.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out), [1.5] * 3000 + [2.5] * 5)

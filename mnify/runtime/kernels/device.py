@@ -205,7 +205,8 @@ def scale(x: Any, factor: float) -> None:
     the pack kernel does), cast back once."""
     with x.device:
         work = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
-        cupy.multiply(x, work.type(factor), out=x, dtype=work, casting="unsafe")
+        # float32 -> float16 into ``out`` is a same-kind cast: CuPy's default casting allows it
+        cupy.multiply(x, work.type(factor), out=x, dtype=work)
 
 
 class _Prepared:
