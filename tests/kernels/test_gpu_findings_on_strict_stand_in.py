@@ -1,6 +1,6 @@
 """The GPU path's stream, memory, device and NCCL-order findings, each shown on CPU.
 
-The strict CuPy stand-in (tests/support/fakecupy/cupy/_strict.py) queues work on streams, runs
+The CuPy stand-in (tests/support/fakecupy/cupy/__init__.py) queues work on streams, runs
 it only when the host waits, and hands a freed block to the next allocation of its stream at
 once -- so a race a GPU shows only sometimes is a wrong result here every time. Each test is
 a rank script on the public path (``create_communicator("pure_nccl")``, the kernel API, the

@@ -283,7 +283,7 @@ else:
 
 
 def test_watchdog_names_the_rank_that_never_queued_its_nccl_call() -> None:
-    # NCCL calls return at once and the GPU waits; the strict stand-in queues each call on its
+    # NCCL calls return at once and the GPU waits; the stand-in queues each call on its
     # stream likewise, so only pure_nccl's own wait (under the watchdog) can notice.
     env = {"MNIFY_WATCHDOG_TIMEOUT": "2"}
     run = run_ranks(2, f"FAKE = {str(FAKE)!r}\n" + HANG, timeout=90, env=env, check=False)

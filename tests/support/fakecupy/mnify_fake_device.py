@@ -1,11 +1,10 @@
 """pytest plugin / import (``-p mnify_fake_device``): the CUDA kernels replaced by their numpy twins.
 
 With the CuPy stand-in beside it on ``sys.path``, the gpu-marked tests run their own code on
-CPU. Under the strict stand-in (the default) each twin is *queued* on the current stream, on
-the arrays' memory, as a kernel launch is: it runs when the stream does, reads what stream
-order says it reads, and refuses arrays of another device and -- as the ``__restrict__``
-kernels would misbehave -- a bucket that overlaps one of its arrays. Under the permissive
-stand-in the twins run at once. Comparisons of a kernel with its twin are trivially equal
+CPU. Each twin is *queued* on the current stream, on the arrays' memory, as a kernel launch
+is: it runs when the stream does, reads what stream order says it reads, and refuses arrays of
+another device and -- as the ``__restrict__`` kernels would misbehave -- a bucket that
+overlaps one of its arrays. Comparisons of a kernel with its twin are trivially equal
 here, so this proves the tests and the code around the kernels, not the kernels (see
 test_gpu_tests_on_stand_in.py; the kernels themselves: the nvcc and emulation tests).
 """
@@ -23,7 +22,6 @@ import numpy as np
 from mnify.runtime.kernels import host
 
 shim = types.ModuleType("mnify.runtime.kernels.device")
-STRICT = bool(getattr(cupy, "STRICT", False))
 
 
 def _mem(x: Any) -> Any:
@@ -91,24 +89,10 @@ def split_channels(x: Any, counts: Sequence[int], out: Any) -> None:
     _queued(lambda a, o: host.split_channels(a, counts, o), x, out)
 
 
-if STRICT:
-    for _name in ("pack", "unpack", "scale", "channel_sums", "bn_backward_sums"):
-        setattr(shim, _name, globals()[_name])
-    shim.gather_channels = gather_channels
-    shim.split_channels = split_channels
-    shim.prepare_pack = lambda arrays, out, scale=1.0: lambda: pack(arrays, out, scale)
-    shim.prepare_unpack = lambda buf, arrays, scale=1.0: lambda: unpack(buf, arrays, scale)
-else:
-    import functools
-
-    for _name in ("pack", "unpack", "scale", "channel_sums", "bn_backward_sums"):
-        setattr(shim, _name, getattr(host, _name))
-    shim.gather_channels = host.gather_channels
-    shim.split_channels = host.split_channels
-    shim.prepare_pack = lambda arrays, out, scale=1.0: functools.partial(
-        host.pack, arrays, out, scale
-    )
-    shim.prepare_unpack = lambda buf, arrays, scale=1.0: functools.partial(
-        host.unpack, buf, arrays, scale
-    )
+for _name in ("pack", "unpack", "scale", "channel_sums", "bn_backward_sums"):
+    setattr(shim, _name, globals()[_name])
+shim.gather_channels = gather_channels
+shim.split_channels = split_channels
+shim.prepare_pack = lambda arrays, out, scale=1.0: lambda: pack(arrays, out, scale)
+shim.prepare_unpack = lambda buf, arrays, scale=1.0: lambda: unpack(buf, arrays, scale)
 sys.modules["mnify.runtime.kernels.device"] = shim
