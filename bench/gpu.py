@@ -15,7 +15,7 @@
 - the channel gather of ParallelConvolution2D against per-rank slice assignment.
 
 Run: ``python bench/gpu.py [--json FILE] [--repeat N] [--batch N]`` (needs CuPy and a GPU, no
-Chainer). ``--smoke`` runs every path once on small batches (tests use it to keep this script
+Chainer, no cuRAND or cuBLAS: data is made with numpy and uploaded). ``--smoke`` runs every path once on small batches (tests use it to keep this script
 working; its numbers mean nothing).
 With ``$OUT`` set the JSON also goes to ``$OUT/bench_gpu.json``. Never part of the tests.
 """
@@ -72,6 +72,19 @@ RESNET50_BN_SHAPES: list[tuple[int, int, int, int]] = [
 
 
 WARMUP = 3
+_RNG: Any = None
+
+
+def normal(shape: Any, dtype: Any = "float32") -> Any:
+    """Standard-normal data made with numpy and uploaded: no cuRAND needed (a CuPy wheel
+    without the CUDA toolkit's extra libraries has none)."""
+    import cupy  # type: ignore[import-not-found]
+    import numpy as np
+
+    global _RNG
+    if _RNG is None:
+        _RNG = np.random.default_rng(0)
+    return cupy.asarray(_RNG.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False))
 
 
 def time_gpu(fn: Callable[[], Any], repeat: int) -> float:
@@ -162,7 +175,7 @@ def bench_pack(repeat: int) -> dict[str, Any]:
     from mnify.runtime import kernels
 
     shapes = resnet50_param_shapes()
-    grads = [cupy.random.standard_normal(s, dtype=np.float32) for s in shapes]
+    grads = [normal(s) for s in shapes]
     total = sum(g.size for g in grads)
     results: dict[str, Any] = {"arrays": len(grads), "params": int(total)}
     # a scale on both sides, as a mean needs, but powers of two that cancel: repeated timing
@@ -253,10 +266,7 @@ def bench_nccl(repeat: int) -> dict[str, Any] | None:
     class Model:
         def __init__(self) -> None:
             shapes = resnet50_param_shapes()
-            self.params = [
-                (f"p{i:03d}", Param(cupy.random.standard_normal(s, dtype=np.float32)))
-                for i, s in enumerate(shapes)
-            ]
+            self.params = [(f"p{i:03d}", Param(normal(s))) for i, s in enumerate(shapes)]
 
         def namedparams(self) -> list[tuple[str, Any]]:
             return self.params
@@ -264,7 +274,7 @@ def bench_nccl(repeat: int) -> dict[str, Any] | None:
     model = Model()
     comm = PureNcclCommunicator()
     try:
-        flat = cupy.random.standard_normal(sum(p.grad.size for _, p in model.params), np.float32)
+        flat = normal(sum(p.grad.size for _, p in model.params))
         nccl_comm = comm._nccl_communicator()
         f32 = comm._nccl_dtype(np.float32)
 
@@ -316,7 +326,7 @@ def bench_bn(repeat: int, batch: int) -> list[dict[str, Any]]:
     for dtype in (np.float32, np.float16):
         for full_shape in RESNET50_BN_SHAPES:
             shape = (batch, *full_shape[1:])
-            x = cupy.random.standard_normal(shape, dtype=np.float32).astype(dtype)
+            x = normal(shape, dtype)
             axes = (0, 2, 3)
             ours = functools.partial(kernels.channel_sums, x)
             cupy_sums = functools.partial(_cupy_channel_sums, x, axes)
@@ -353,7 +363,7 @@ def bench_gather(repeat: int, batch: int) -> list[dict[str, Any]]:
         n = batch
         counts = [c // size + (1 if r < c % size else 0) for r in range(size)]
         spatial = (h, w)
-        flat = cupy.random.standard_normal(n * c * h * w, dtype=np.float32)
+        flat = normal(n * c * h * w)
         out = cupy.empty((n, c, h, w), dtype=np.float32)
 
         ours = functools.partial(kernels.gather_channels, flat, counts, n, spatial, out)

@@ -2,8 +2,9 @@
 
 Chainer-free (the GPU machine has CuPy, NCCL and mpi4py, no Chainer): ResNet-50-sized
 gradients (161 float32 arrays, 25.5 M floats) on the ``pure_nccl`` communicator's GPU, and a
-stand-in for backward -- matrix products that take time, then a kernel writing each gradient,
-the gradients produced in reverse parameter order as backward produces them. The bucket
+stand-in for backward -- a kernel spinning on the SM clock (bench/spin.cu, one block per SM;
+no cuBLAS needed), then a kernel writing each gradient, the gradients produced in reverse
+parameter order as backward produces them. The bucket
 scheduler of :mod:`mnify.runtime.overlap` (buckets in that order, NCCL on a side stream) is
 measured four ways, each as the median GPU time on the compute stream between two CUDA events:
 
@@ -61,6 +62,14 @@ def gpu_time(cupy: Any, fn: Callable[[], Any], repeat: int) -> float:
     return statistics.median(times)
 
 
+SPIN_SOURCE = Path(__file__).resolve().with_name("spin.cu")
+
+
+def spin_kernel(cupy: Any) -> Any:
+    """bench/spin.cu's ``mnify_bench_spin(cycles, sink)``, compiled by CuPy (NVRTC)."""
+    return cupy.RawKernel(SPIN_SOURCE.read_text(encoding="utf-8"), "mnify_bench_spin")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -84,15 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     order = list(reversed(range(len(shapes))))  # backward finishes the last layers first
     with comm._device:
         grads = [cupy.empty(shapes[i], dtype=cupy.float32) for i in order]
-        n = 64 if args.smoke else 2048
-        a = cupy.ones((n, n), dtype=cupy.float32) / n
-        b = cupy.ones((n, n), dtype=cupy.float32)
+        spin = spin_kernel(cupy)
+        sms = int(cupy.cuda.runtime.getDeviceProperties(comm.device_id)["multiProcessorCount"])
+        sink = cupy.zeros(1, dtype=cupy.int32)
+        probe = 1_000_000 if not args.smoke else 1000
 
-        # calibrate: products per gradient so the stand-in backward takes about --backward-ms
-        one = gpu_time(cupy, lambda: a @ b, 3 if not args.smoke else 1)
-        per_grad = max(1, round(args.backward_ms / 1e3 / max(one, 1e-9) / len(grads)))
+        def spin_for(cycles: int) -> None:
+            spin((sms,), (32,), (np.int64(cycles), sink))
+
+        # calibrate: clock cycles per gradient so the stand-in backward takes --backward-ms
+        one = gpu_time(cupy, lambda: spin_for(probe), 3 if not args.smoke else 1)
+        cycles_per_s = probe / max(one, 1e-9)
+        per_grad = max(1, int(args.backward_ms / 1e3 / len(grads) * cycles_per_s))
         if args.smoke:
-            per_grad = 1
+            per_grad = 1000
 
         channel = OverlapChannel(comm, on_device=True)
         reducer = channel.reducer(np.dtype(np.float32))
@@ -103,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def backward(hand_over: bool) -> None:
             for k, g in enumerate(grads):
-                for _ in range(per_grad):
-                    product = a @ b
-                del product
+                spin_for(per_grad)
                 g.fill(1.0)
                 if hand_over:
                     sched.ready(k, g)
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "params": int(sum(int(g.size) for g in grads)),
         "buckets": len(sched.buckets),
         "bucket_bytes": bucket_bytes,
-        "products_per_gradient": per_grad,
+        "spin_cycles_per_gradient": per_grad,
         "seconds": results,
         "hidden_fraction": hidden,
         "overlap_vs_sequential": results["overlap"] / results["sequential"],

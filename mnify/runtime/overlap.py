@@ -34,7 +34,11 @@ Two reducers:
   compute stream when the bucket is started, then packs and all-reduces there (``ncclAvg`` when
   :func:`place_scale` says so) on an NCCL communicator of its own; :meth:`wait` makes the side
   stream wait for the end of backward, unpacks there, and makes the compute stream wait for it.
-  Nothing blocks the host. (Written against CuPy's API; run on the CuPy stand-in only.)
+  Nothing blocks the host. The staging buffer comes from the side stream's memory arena, and
+  each all-reduce is chained with events to the GPU's other NCCL launches (the communicator's
+  own, e.g. MultiNodeBatchNormalization's inside backward):
+  :mod:`~mnify.runtime.communicators.nccl_order`. Every rank must still issue those in the same
+  order, which backward's fixed order gives. (Run on the CuPy stand-in; unverified on a GPU.)
 """
 
 from __future__ import annotations
@@ -256,7 +260,9 @@ class NcclMeanReducer:
         average_over: int | None,
         watchdog: Any = None,
         on_timeout: Callable[[], None] | None = None,
+        order: Any = None,
     ) -> None:
+        from mnify.runtime.communicators.nccl_order import launch_order
         from mnify.runtime.communicators.pure_nccl import NCCL_DTYPES
 
         self.cupy, self.nccl, self.nccl_comm, self.device = cupy, nccl, nccl_comm, device
@@ -269,10 +275,14 @@ class NcclMeanReducer:
         self.on_timeout = on_timeout
         with device:
             self.stream = cupy.cuda.Stream(non_blocking=True)
+        # the device's one order of NCCL launches, shared with the communicator's own
+        self.order = order if order is not None else launch_order(cupy, int(device.id))
         self.on_start: Callable[[int, int], None] | None = None
 
     def allocate(self, n: int) -> Any:
-        with self.device:
+        """The staging buffer, from the side stream's arena: it is packed, reduced and
+        unpacked there, so its memory is never handed to another stream while in use."""
+        with self.device, self.stream:
             return self.cupy.empty(n, dtype=self.wire)
 
     def _side_waits_for_current(self) -> None:
@@ -288,9 +298,11 @@ class NcclMeanReducer:
             with self.stream:
                 kernels.pack(views, buf, self.scale_before)
                 ptr = buf.data.ptr
+                self.order.before(self.stream)
                 self.nccl_comm.allReduce(
                     ptr, ptr, int(buf.size), self._dtype, self._op, self.stream.ptr
                 )
+                self.order.after(self.stream)
         if self.on_start is not None:
             self.on_start(number, int(buf.nbytes))
 
@@ -385,6 +397,7 @@ class OverlapChannel:
             self.size if getattr(comm, "_can_average", False) else None,
             _watchdog_of(comm),
             self._abort_nccl,
+            getattr(comm, "_order", None),
         )
         self._reducers.append(reducer)
         return reducer

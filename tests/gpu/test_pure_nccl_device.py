@@ -237,9 +237,10 @@ def test_the_communicator_selects_its_device(comm: Any) -> None:
 
 
 def test_strided_gradients_on_a_side_stream(comm: Any) -> None:
-    """The contiguous copy of a strided gradient is queued before the event the side stream
-    waits on: the reduction reads the finished copy (one rank: the values come back as they
-    were)."""
+    """The side stream waits for the current one, then makes the contiguous copy of a strided
+    gradient in its own memory arena: the caller's next allocation on the current stream (here
+    filled with NaN at once) cannot take that memory while the side stream still reduces and
+    writes it back (one rank: the values come back as they were)."""
     cp = _cp()
     rng = np.random.default_rng(3)
     wide = cp.asarray(rng.standard_normal((512, 1024, 2)).astype(np.float32))
@@ -253,6 +254,41 @@ def test_strided_gradients_on_a_side_stream(comm: Any) -> None:
     stream = cp.cuda.Stream(non_blocking=True)
     for _ in range(3):
         comm.multi_node_mean_grad(model, stream=stream)
+        junk = cp.full((512, 1024), cp.nan, cp.float32)  # the caller's next allocation
+    cp.cuda.get_current_stream().synchronize()
     stream.synchronize()
+    del junk
     np.testing.assert_array_equal(cp.asnumpy(wide[..., 0]), before)
     np.testing.assert_array_equal(cp.asnumpy(model.params["a/b"].grad), np.ones(3, np.float32))
+
+
+def test_overlap_scheduler_with_a_main_communicator_collective_inside(comm: Any) -> None:
+    """The overlap path on one GPU: buckets packed and all-reduced on the scheduler's side
+    stream over its own NCCL communicator, a strided gradient, and a collective of the main
+    communicator queued between two buckets (as MultiNodeBatchNormalization's inside
+    backward): every NCCL launch chained in one order, exact values on one rank."""
+    cp = _cp()
+    from mnify.runtime.overlap import BucketScheduler, OverlapChannel
+
+    channel = OverlapChannel(comm, on_device=True)
+    try:
+        reducer = channel.reducer(np.dtype(np.float32))
+        shapes = [(4096,), (64, 33), (1000,)]
+        sched = BucketScheduler([int(np.prod(s)) for s in shapes], reducer, bucket_bytes=16384)
+        rng = np.random.default_rng(5)
+        hosts = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        wide = cp.asarray(np.stack([hosts[1], hosts[1]], axis=-1))
+        grads = [cp.asarray(hosts[0]), wide[..., 0], cp.asarray(hosts[2])]
+        for _ in range(2):
+            sched.ready(0, grads[0])
+            stats = comm.allreduce(cp.arange(8, dtype=cp.float32))
+            sched.ready(1, grads[1])
+            sched.ready(2, grads[2])
+            sched.wait(lambda i: grads[i])
+            cp.cuda.get_current_stream().synchronize()
+            np.testing.assert_array_equal(cp.asnumpy(stats), np.arange(8, dtype=np.float32))
+            for g, h in zip(grads, hosts, strict=True):
+                np.testing.assert_array_equal(cp.asnumpy(g), h)
+        assert sched.steps == 2 and sched.started_early >= 1
+    finally:
+        channel.close()

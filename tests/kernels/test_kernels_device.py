@@ -219,3 +219,33 @@ def test_gather_split_channels_match_twin(
         out64 = cp.zeros(full.shape, np.float64)
         kernels.gather_channels(cp.asarray(flat), counts, n, spatial, out64)
         np.testing.assert_array_equal(cp.asnumpy(out64), full.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("factor", [1.0, 0.5, 1 / 3])
+def test_scale_in_place_matches_twin(dtype: Any, factor: float) -> None:
+    """kernels.scale (what a bucket reduced in the gradient's own memory gets instead of an
+    aliased unpack) rounds as the numpy twin does, on a strided view too."""
+    cp = _cp()
+    rng = np.random.default_rng(1)
+    host_x = rng.standard_normal((37, 6)).astype(dtype)
+    want = host_x.copy()
+    host.scale(want[:, ::2], factor)
+    x = cp.asarray(host_x)
+    kernels.scale(x[:, ::2], factor)
+    np.testing.assert_array_equal(cp.asnumpy(x), want)
+
+
+def test_prepared_pack_replayed_on_another_stream() -> None:
+    """A prepared pack's tables are uploaded on the stream it was prepared on; replayed on
+    another stream it waits on an event after the uploads (no host wait), and packs right."""
+    cp = _cp()
+    arrays = [cp.asarray(np.full(3000, 3.0, np.float32)), cp.asarray(np.full(5, 5.0, np.float16))]
+    out = cp.zeros(3005, np.float32)
+    cp.cuda.get_current_stream().synchronize()  # the data is there; the tables are not yet
+    prepared = kernels.prepare_pack(arrays, out, 0.5)
+    other = cp.cuda.Stream(non_blocking=True)
+    with other:
+        prepared()
+    other.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out), [1.5] * 3000 + [2.5] * 5)

@@ -124,3 +124,16 @@ def test_source_compiles_with_nvrtc_like_cupy(name: str) -> None:
             assert lowered.value and lowered.value.startswith(b"_Z"), expr
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: CUDA sources not compiled")
+def test_bench_spin_kernel_compiles_with_nvcc(tmp_path: Path) -> None:
+    """bench/spin.cu (bench/overlap_gpu.py's stand-in for backward, loaded with
+    cupy.RawKernel by name) builds for every target and exports its C name."""
+    spin = Path(__file__).resolve().parents[2] / "bench" / "spin.cu"
+    ptx = tmp_path / "spin.ptx"
+    _nvcc(["--ptx", f"-arch={PTX_ARCH}", "-Werror", "all-warnings", "-o", str(ptx), str(spin)])
+    entries = re.findall(r"^\.(?:visible|weak) \.entry (\S+)\(", ptx.read_text(), re.MULTILINE)
+    assert entries == ["mnify_bench_spin"], entries
+    for arch in SASS_ARCHS:
+        _nvcc(["-cubin", f"-arch={arch}", "-o", str(tmp_path / f"{arch}.cubin"), str(ptx)])

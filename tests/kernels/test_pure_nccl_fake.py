@@ -6,7 +6,7 @@ replaced by their numpy twins. What is checked is everything above the library: 
 communicator with its MPI-broadcast unique id (in CuPy 14's bytes and CuPy 13's tuple form),
 the device each rank picks and selects (every GPU visible, or one per rank through
 CUDA_VISIBLE_DEVICES), bucket packing with the 1/size scale (ncclAvg where NCCL has it) and the
-fp16 wire dtype, strided gradients copied before the side stream's event, padding for uneven
+fp16 wire dtype, strided gradients copied on the side stream after its wait, padding for uneven
 allgathers, the root-decides header of bcast, in-place bcast_data, the fallbacks to the MPI
 path, the watchdog wait, and finalize. Each rank reports ``PASS <check>``
 (tests/support/rank_checks) and every rank must pass rank 0's list, in order. Real GPUs: see
@@ -35,6 +35,9 @@ from mnify.runtime.communicators.pure_nccl import PureNcclCommunicator, nccl_sta
 from tests.support.rank_checks import passed
 
 calls = cupy.cuda.nccl.NcclCommunicator.calls
+
+def host(x):  # a result on the host: CuPy arrays only through asnumpy (they are opaque)
+    return cupy.asnumpy(x) if isinstance(x, cupy.ndarray) else np.asarray(x)
 
 def check(name, cond, detail=""):
     if not cond:
@@ -82,11 +85,14 @@ check("one bucket one allreduce", calls[1:] == [f"allReduce:7:{total}{mean_op}"]
 # zero_fill: a missing grad becomes zeros on every rank and is reduced with the rest
 model = model_of(r)
 model.params["a/b"].grad = None
-comm.multi_node_mean_grad(model, zero_fill=True, stream=cupy.cuda.Stream(non_blocking=True))
+zf = cupy.cuda.Stream(non_blocking=True)
+comm.multi_node_mean_grad(model, zero_fill=True, stream=zf)
+zf.synchronize()  # before the gradients are read (or dropped): the stream reduces them
 check("zero_fill", np.array_equal(cupy.asnumpy(model.params["a/b"].grad), np.zeros(7, np.float32)))
 
-# a strided gradient on a side stream: its contiguous copy is queued before the event that
-# the side stream waits on (else the reduction could read it half-written)
+# a strided gradient on a side stream: the side stream first waits on an event of the current
+# stream (where the gradient was written), then makes the contiguous copy itself -- in its own
+# memory arena, so the copy cannot be handed to the caller's next allocation while in use
 model = model_of(r)
 wide = cupy.asarray(np.stack([grads_of(r)["m/g"]] * 2, axis=-1))
 model.params["m/g"].grad = wide[..., 0]
@@ -94,9 +100,11 @@ side = cupy.cuda.Stream(non_blocking=True)
 cupy.timeline.clear()
 comm.multi_node_mean_grad(model, stream=side)
 line = cupy.timeline
-copy_at = max(i for i, e in enumerate(line) if e.startswith("copy:"))
+current = cupy.cuda.get_current_stream().ptr
 wait_at = line.index(f"wait:{side.ptr}")
-check("strided copy before the event", copy_at < wait_at - 1 and line[wait_at - 1].startswith("record:"), line)
+copy_at = line.index(f"copy:{side.ptr}")
+check("strided copy on the side stream after its wait", line[wait_at - 1] == f"record:{current}" and wait_at < copy_at and f"copy:{current}" not in line, line)
+side.synchronize()  # the caller's part: wait for the stream it asked for
 check("strided mean", np.allclose(cupy.asnumpy(wide[..., 0]), expect["m/g"], rtol=1e-6, atol=1e-6))
 
 # a stream made under another device is refused with both devices named
@@ -148,7 +156,7 @@ parts = comm.allgather(mine)
 check("allgather uneven", [p.shape for p in parts] == [(q + 1, 2) for q in range(n)] and all(np.all(cupy.asnumpy(p) == q) for q, p in enumerate(parts)))
 check("allgather padded bytes", calls[-1] == f"allGather:1:{n * 2 * 4}", calls[-1])
 mixed = comm.allgather(mine if r == 0 else cupy.asnumpy(mine))
-check("allgather mixed modules via MPI", [np.asarray(p).shape for p in mixed] == [(q + 1, 2) for q in range(n)])
+check("allgather mixed modules via MPI", [host(p).shape for p in mixed] == [(q + 1, 2) for q in range(n)])
 g = comm.gather(mine, root=0)
 check("gather via MPI", (g is None) == (r != 0))
 
@@ -158,7 +166,7 @@ incoming = comm.alltoall(outgoing)
 check("alltoall device", all(isinstance(a, cupy.ndarray) and a.shape == (q + 1, r + 1) and np.all(cupy.asnumpy(a) == 10 * q + r) for q, a in enumerate(incoming)))
 check("alltoall over send/recv", sum(c.startswith("send:1:") for c in calls) == n - 1 and sum(c.startswith("recv:1:") for c in calls) == n - 1, calls)
 mixed = comm.alltoall([cupy.asnumpy(o) for o in outgoing] if r == 0 else outgoing)
-check("alltoall mixed via MPI", [np.asarray(a).tolist() for a in mixed] == [np.asarray(a).tolist() for a in incoming])
+check("alltoall mixed via MPI", [host(a).tolist() for a in mixed] == [host(a).tolist() for a in incoming])
 
 # -- fp16 transport: scaled before the sum, within float16 tolerance
 c16 = create_communicator("pure_nccl", allreduce_grad_dtype=np.float16)
@@ -275,9 +283,9 @@ else:
 
 
 def test_watchdog_names_the_rank_that_never_queued_its_nccl_call() -> None:
-    # NCCL calls return at once and the GPU waits; the fake returns after 0.3 s with the
-    # reduction still queued, so only pure_nccl's own wait (under the watchdog) can notice.
-    env = {"MNIFY_WATCHDOG_TIMEOUT": "2", "FAKE_NCCL_ENQUEUE_S": "0.3"}
+    # NCCL calls return at once and the GPU waits; the stand-in queues each call on its
+    # stream likewise, so only pure_nccl's own wait (under the watchdog) can notice.
+    env = {"MNIFY_WATCHDOG_TIMEOUT": "2"}
     run = run_ranks(2, f"FAKE = {str(FAKE)!r}\n" + HANG, timeout=90, env=env, check=False)
     assert not run.timed_out and run.returncode != 0, run.output
     assert run.output.count("first average done") == 2, run.output

@@ -8,7 +8,12 @@ NCCL would refuse them later. The NCCL communicator is created lazily, at the fi
 that needs it: rank 0 makes the unique id, MPI broadcasts its 128 bytes, every rank joins
 (``ncclCommInitRank``; CuPy 14 takes the id as ``bytes``, CuPy 13 as a tuple of C chars). GPU
 work is queued on the caller's current CuPy stream (or the ``stream`` given), so it orders after
-the kernels that produced the data and the host does not wait for it.
+the kernels that produced the data and the host does not wait for it. Every buffer a reduction
+uses (contiguous twins of strided gradients, staging buckets) is allocated under the stream
+that reads it, so CuPy's per-stream pool never hands it to another stream's next allocation
+while it is still read; every NCCL launch on the GPU is chained to the previous one with an
+event (:mod:`~mnify.runtime.communicators.nccl_order`), so two NCCL communicators (the overlap
+scheduler's and this one) or two streams never run NCCL kernels in an unagreed order.
 
 - Gradient averaging cuts the gradients into buckets with the host communicators' planner
   (:mod:`~mnify.runtime.communicators.buckets`): without an explicit ``bucket_bytes`` everything
@@ -45,6 +50,7 @@ from mnify.runtime import kernels
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators.base import CommunicatorBase
 from mnify.runtime.communicators.buckets import place_scale, reduced_in_place
+from mnify.runtime.communicators.nccl_order import launch_order
 from mnify.runtime.communicators.parameters import grads_to_reduce, named_params
 from mnify.runtime.debug import CallSignature
 from mnify.runtime.errors import CollectiveTimeout
@@ -230,6 +236,9 @@ class PureNcclCommunicator(CommunicatorBase):
         self._device_bucket_bytes: int | None = int(bucket_bytes) if bucket_bytes else None
         self._can_average = can_average(nccl)
         self._nccl_comm: Any = None
+        # every NCCL launch on this GPU (this communicator's, a split's, the overlap channel's)
+        # runs in the order it was queued, whatever the stream
+        self._order = launch_order(cupy, self.device_id)
 
     def _refuse_shared_gpus(self) -> None:
         """Collective: raise on every rank when two ranks of a host drive one GPU (NCCL
@@ -338,39 +347,43 @@ class PureNcclCommunicator(CommunicatorBase):
                 wire = np.dtype(np.float64)
             placement = place_scale(scale, wire, self.size if self._can_average else None)
             op = self._nccl.NCCL_AVG if placement.average else self._nccl_op("sum")
-            # contiguous twins of strided arrays are made on the current stream *before* the
-            # event the reducing stream waits on, so it never reads them half-written
-            flats: list[Any] = []
-            write_back: list[tuple[Any, Any]] = []
-            for a in arrays:
-                if a.flags.c_contiguous:
-                    flats.append(a.reshape(-1))
-                else:
-                    tmp = cupy.ascontiguousarray(a)
-                    write_back.append((a, tmp))
-                    flats.append(tmp.reshape(-1))
             stream = self._after_current(stream)
             comm = self._nccl_communicator()
             started = time.monotonic()
-            plan = self._plans.get(
-                flats,
-                wire,
-                self._device_bucket_bytes,
-                tag=("nccl", int(stream.ptr)),  # one staging buffer per stream
-                allocate=self._allocate,
-            )
             nccl_wire = self._nccl_dtype(wire)
+            # Everything from here runs on the reducing stream, and every buffer it uses is
+            # allocated under it: CuPy's pool keeps one arena per stream, so a contiguous twin
+            # or staging buffer returns (when dropped) to the arena of the stream that still
+            # reads it, where the next allocation is ordered after that work.
             with stream:
+                flats: list[Any] = []
+                write_back: list[tuple[Any, Any]] = []
+                for a in arrays:
+                    if a.flags.c_contiguous:
+                        flats.append(a.reshape(-1))
+                    else:
+                        tmp = cupy.ascontiguousarray(a)
+                        write_back.append((a, tmp))
+                        flats.append(tmp.reshape(-1))
+                plan = self._plans.get(
+                    flats,
+                    wire,
+                    self._device_bucket_bytes,
+                    tag=("nccl", int(stream.ptr)),  # one staging buffer per stream
+                    allocate=self._allocate,
+                )
                 for views, buf in plan.pieces(flats):
                     if reduced_in_place(views, wire):
                         target = views[0]
                         if placement.before != 1.0:
-                            kernels.unpack(target, [target], placement.before)
+                            kernels.scale(target, placement.before)
                     else:
                         target = buf
                         kernels.pack(views, buf, placement.before)
                     ptr = target.data.ptr
+                    self._order.before(stream)
                     comm.allReduce(ptr, ptr, int(target.size), nccl_wire, op, stream.ptr)
+                    self._order.after(stream)
                     if target is buf:
                         kernels.unpack(buf, views)
                 for original, tmp in write_back:
@@ -390,6 +403,7 @@ class PureNcclCommunicator(CommunicatorBase):
             src = self._cupy.ascontiguousarray(x)
             out = self._cupy.empty_like(src)
             if src.size:
+                self._order.before(stream)
                 comm.allReduce(
                     src.data.ptr,
                     out.data.ptr,
@@ -398,6 +412,7 @@ class PureNcclCommunicator(CommunicatorBase):
                     self._nccl_op(op),
                     stream.ptr,
                 )
+                self._order.after(stream)
             self._settle(stream, started)
         return out
 
@@ -435,6 +450,7 @@ class PureNcclCommunicator(CommunicatorBase):
             stream = self._stream(None)
             comm = self._nccl_communicator()
             started = time.monotonic()
+            self._order.before(stream)
             self._nccl.groupStart()
             try:
                 for a in arrays:
@@ -444,6 +460,7 @@ class PureNcclCommunicator(CommunicatorBase):
                         )
             finally:
                 self._nccl.groupEnd()
+            self._order.after(stream)
             self._settle(stream, started)
 
     def bcast(self, x: Any, root: int = 0) -> Any:
@@ -507,6 +524,7 @@ class PureNcclCommunicator(CommunicatorBase):
                 send = padded
             recv = cupy.empty(block * self.size, dtype=dtype)
             if block:
+                self._order.before(stream)
                 comm.allGather(
                     send.data.ptr,
                     recv.data.ptr,
@@ -514,6 +532,7 @@ class PureNcclCommunicator(CommunicatorBase):
                     self._nccl_dtype(np.uint8),
                     stream.ptr,
                 )
+                self._order.after(stream)
             self._settle(stream, started)
             return [
                 recv[r * block : r * block + sizes[r]].reshape(headers[r][2])
@@ -546,6 +565,7 @@ class PureNcclCommunicator(CommunicatorBase):
             recvs = [cupy.empty(shape, dtype=np.dtype(dt)) for _, dt, shape in incoming]
             recvs[self.rank][...] = sends[self.rank]
             byte = self._nccl_dtype(np.uint8)
+            self._order.before(stream)
             self._nccl.groupStart()
             try:
                 for peer in range(self.size):
@@ -561,6 +581,7 @@ class PureNcclCommunicator(CommunicatorBase):
                         )
             finally:
                 self._nccl.groupEnd()
+            self._order.after(stream)
             self._settle(stream, started)
         return recvs
 
@@ -580,6 +601,7 @@ class PureNcclCommunicator(CommunicatorBase):
         if not self._finalized and self._nccl_comm is not None:
             with self._device:
                 self._stream(None).synchronize()
+                self._order.synchronize()  # NCCL work queued on other streams (double buffering)
                 comm, self._nccl_comm = self._nccl_comm, None
                 comm.destroy()
         self._plans.clear()

@@ -15,6 +15,11 @@ Gradient buckets (communicators):
     float32), then rounded once to the destination dtype, on CPU and GPU alike.
 ``unpack(buf, arrays, scale=1.0) -> None``
     The inverse: fill ``arrays`` in place from the 1-D ``buf``, cast back, times ``scale``.
+``scale(x, factor) -> None``
+    ``x`` (any float dtype, any layout) times ``factor`` in place, computed in
+    :func:`scale_dtype` and rounded once, as pack's scale is. For a bucket reduced in the
+    gradient's own memory: ``unpack(x, [x], factor)`` would hand the pack kernel one buffer
+    through two ``__restrict__`` pointers, which CUDA leaves undefined.
 ``prepare_pack(arrays, out, scale=1.0) -> Callable[[], None]`` and ``prepare_unpack(...)``
     The same work with the host-side preparation (grouping, device tables) done once: each
     call of the result does the copy again with the arrays' current contents, on GPU at the
@@ -66,6 +71,7 @@ __all__ = [
     "pack",
     "prepare_pack",
     "prepare_unpack",
+    "scale",
     "scale_dtype",
     "split_channels",
     "unpack",
@@ -104,6 +110,14 @@ def unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> None:
         host.unpack(buf, arrays, scale)
     else:
         _device().unpack(buf, arrays, scale)
+
+
+def scale(x: Any, factor: float) -> None:
+    """``x`` times ``factor`` in place (the rounding of :func:`pack`'s scale)."""
+    if _is_numpy(x):
+        host.scale(x, factor)
+    else:
+        _device().scale(x, factor)
 
 
 def prepare_pack(arrays: Sequence[Any], out: Any, scale: float = 1.0) -> Callable[[], None]:
@@ -152,11 +166,14 @@ def bn_backward_sums(gy: Any, x_hat: Any) -> tuple[Any, Any]:
 
 
 def _empty_like_module(ref: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised array of ``ref``'s kind; on the GPU, on ``ref``'s device (not the
+    current one, which may be another)."""
     if _is_numpy(ref):
         return np.empty(shape, dtype=dtype)
     import cupy  # type: ignore[import-not-found]
 
-    return cupy.empty(shape, dtype=dtype)
+    with ref.device:
+        return cupy.empty(shape, dtype=dtype)
 
 
 def gather_channels(

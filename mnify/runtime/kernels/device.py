@@ -4,7 +4,10 @@ Imported only when a CuPy array reaches the kernel API, so CPU ranks never need 
 with CuPy 13 and 14 and numpy 1 and 2 (only ``RawModule``, ``ndarray`` and numpy scalars as
 kernel arguments are used). Modules are compiled once per device (CuPy also keeps compiled
 code on disk) and the small index tables the kernels read are cached, keyed on the arrays'
-addresses and sizes, so a training loop's repeated calls cost one launch and no host copies.
+addresses and sizes and on the stream, so a training loop's repeated calls cost one launch and
+no host copies. A table is uploaded on the stream whose kernels read it and allocated from that
+stream's pool, so stream order covers both the upload and the table's reuse after eviction:
+new addresses (Chainer hands new gradient arrays every step) cost an upload, never a host wait.
 Semantics are those documented in :mod:`mnify.runtime.kernels`; the numpy twins in
 :mod:`mnify.runtime.kernels.host` are the reference.
 """
@@ -77,11 +80,8 @@ def sm_count() -> int:
     return count
 
 
-def _tables_uploaded() -> None:
-    """Wait once for a freshly uploaded table: an upload from pageable host memory may still be
-    in flight when the call returns, and a cached table may later be read from another stream
-    (a side stream for double buffering)."""
-    cupy.cuda.get_current_stream().synchronize()
+def _stream_ptr() -> int:
+    return int(cupy.cuda.get_current_stream().ptr)
 
 
 def _remember(cache: OrderedDict[tuple[Any, ...], Any], key: tuple[Any, ...], value: Any) -> None:
@@ -113,11 +113,10 @@ def _bucket_plan(items: list[tuple[Any, int]]) -> _BucketPlan:
     ptrs = [int(a.data.ptr) for a, _ in items]
     offsets = [off for _, off in items]
     sizes = [int(a.size) for a, _ in items]
-    key = (_device_id(), tuple(ptrs), tuple(offsets), tuple(sizes))
+    key = (_device_id(), _stream_ptr(), tuple(ptrs), tuple(offsets), tuple(sizes))
     plan = _bucket_plans.get(key)
     if plan is None:
-        plan = _BucketPlan(ptrs, offsets, sizes)
-        _tables_uploaded()
+        plan = _BucketPlan(ptrs, offsets, sizes)  # uploaded on this stream, before its launch
         _remember(_bucket_plans, key, plan)
     else:
         _bucket_plans.move_to_end(key)
@@ -201,15 +200,31 @@ def unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> None:
     prepare_unpack(buf, arrays, scale)()
 
 
+def scale(x: Any, factor: float) -> None:
+    """In place, one elementwise CuPy kernel: ``x * factor`` computed in the scale dtype (as
+    the pack kernel does), cast back once."""
+    with x.device:
+        work = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
+        # float32 -> float16 into ``out`` is a same-kind cast: CuPy's default casting allows it
+        cupy.multiply(x, work.type(factor), out=x, dtype=work)
+
+
 class _Prepared:
     """Launches built once, run on every call on the device they were built for (the
-    current stream at call time)."""
+    current stream at call time). Their tables were uploaded on the stream current when they
+    were built: a call on another stream first makes it wait on an event recorded after the
+    uploads (no host wait)."""
 
     def __init__(self, device: Any, launches: list[Callable[[], None]]) -> None:
         self._device, self._launches = device, launches
+        self._built_on = _stream_ptr()
+        self._uploaded = cupy.cuda.Event(block=False, disable_timing=True)
+        self._uploaded.record()
 
     def __call__(self) -> None:
         with self._device:
+            if _stream_ptr() != self._built_on:
+                cupy.cuda.get_current_stream().wait_event(self._uploaded)
             for launch in self._launches:
                 launch()
 
@@ -297,12 +312,11 @@ def bn_backward_sums(gy: Any, x_hat: Any) -> tuple[Any, Any]:
 
 
 def _channel_table(counts: Sequence[int], n: int, s: int) -> tuple[Any, Any]:
-    key = (_device_id(), tuple(counts), n, s)
+    key = (_device_id(), _stream_ptr(), tuple(counts), n, s)
     tables = _channel_tables.get(key)
     if tables is None:
         base, stride = plans.channel_block_tables(counts, n, s)
-        tables = (cupy.asarray(base), cupy.asarray(stride))
-        _tables_uploaded()
+        tables = (cupy.asarray(base), cupy.asarray(stride))  # on this stream, before its launch
         _remember(_channel_tables, key, tables)
     return tables
 

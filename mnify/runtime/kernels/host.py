@@ -44,6 +44,10 @@ def _scaled_copy(src: np.ndarray, dst: np.ndarray, scale: float) -> None:
         np.multiply(src, work.type(scale), out=dst, dtype=work, casting="unsafe")
 
 
+def scale(x: np.ndarray, factor: float) -> None:
+    _scaled_copy(x, x, factor)
+
+
 def pack(arrays: Sequence[Any], out: np.ndarray, scale: float = 1.0) -> None:
     offset = 0
     for a in arrays:

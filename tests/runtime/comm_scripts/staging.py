@@ -9,12 +9,10 @@ on the ranks it overwrites. Prints ``PASS <name>`` per communicator (tests/suppo
 
 from __future__ import annotations
 
-import os
 import sys
 
 from tests.support import fakecupy
 
-os.environ["FAKE_CUPY_OPAQUE_ARRAYS"] = "1"
 fakecupy.use()
 
 import cupy  # noqa: E402

@@ -1,8 +1,8 @@
 """The test suite's one stand-in for CuPy (and NCCL), for machines without a GPU.
 
 This directory goes first on ``sys.path`` (``PATH``; a subprocess gets it through
-``PYTHONPATH``): it then provides ``cupy`` (the stand-in, see ``cupy/__init__.py`` for its modes
-and what it models) and ``mnify_fake_device`` (a pytest plugin / import that swaps the CUDA
+``PYTHONPATH``): it then provides ``cupy`` (the stand-in, see ``cupy/__init__.py`` for what it
+models) and ``mnify_fake_device`` (a pytest plugin / import that swaps the CUDA
 kernels for their numpy twins). Rank scripts call :func:`use` before they import ``cupy``.
 """
 
