@@ -28,7 +28,7 @@ import click
 
 from mnify.launch import timeline_merge
 from mnify.launch.command import LaunchSpec, build_command
-from mnify.launch.diagnosis import JobFacts, diagnose
+from mnify.launch.diagnosis import Category, JobFacts, diagnose
 from mnify.launch.hosts import (
     HostSlots,
     HostSpecError,
@@ -271,9 +271,16 @@ def run(
         ranks_heard=result.ranks_heard,
         rerun_one_rank=shlex.join(["mnify", "run", "-n", "1", script, *script_args]),
         debug=debug.enabled(),
+        stops=result.stops,
     )
     verdict = diagnose(facts)
     summary = as_data(verdict)
+    if result.stops:
+        summary["stop"] = {
+            "updates": max(s.updates for s in result.stops),
+            "reason": ", ".join(sorted({s.reason for s in result.stops})),
+            "ranks": sorted({s.rank for s in result.stops}),
+        }
     timeline_lines: list[str] = []
     if timeline_file is not None and timeline_dir is not None:
         merged = timeline_merge.finish_run(timeline_file, timeline_dir, nprocs)
@@ -284,14 +291,16 @@ def run(
             _write_summary(summary_json, summary)
         except OSError as exc:
             click.echo(f"warning: --summary-json {summary_json}: {exc}", err=True)
-    if verdict.ok:
+    if verdict.ok or verdict.category is Category.STOPPED:
         for tb in result.tracebacks:  # handled errors printed by a job that still succeeded
             if not tb.shown:
                 for line in tb.lines:
                     click.echo(f"[{tb.rank}] {line}" if tag_output else line, err=True)
         for line in timeline_lines:
             click.echo(line, err=True)
-        sys.exit(0)
+        if verdict.category is Category.STOPPED:
+            click.echo(f"mnify run: {verdict.headline}", err=True)
+        sys.exit(verdict.exit_status)
     click.echo("", err=True)
     click.echo(render_text(verdict), err=True)
     for line in timeline_lines:

@@ -16,6 +16,10 @@ status N`` instead of a traceback.
 It also starts :mod:`mnify.runtime.rank_state` and marks the rank as exiting when the script
 ends, whatever its status: a rank leaving while others wait in a collective is how a job hangs
 without any error, and ``mnify run`` ends such a job once it sees both.
+
+A stop asked for through :mod:`mnify.runtime.update_watch` (``--verify``, ``mnify scale``) ends
+every rank after the same update: the bootstrap prints ``[mnify] rank R (host H) stopped after
+update N (status S): REASON`` and exits with S without aborting (every rank is there).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import runpy
 import sys
 import time
 import traceback
+from typing import Any
 
 from mnify.runtime import rank_state
 
@@ -58,6 +63,23 @@ def _report_exit(status: int, message: str) -> None:
     sys.stdout.flush()
     sys.stderr.write(exit_report_line(*_rank_and_host(), status, message) + "\n")
     sys.stderr.flush()
+
+
+def _is_update_stop(exc: BaseException) -> bool:
+    """:class:`mnify.runtime.update_watch.UpdateLimitReached`, without importing Chainer."""
+    watch = sys.modules.get("mnify.runtime.update_watch")
+    return watch is not None and isinstance(exc, watch.UpdateLimitReached)
+
+
+def _report_stop(exc: Any) -> None:
+    """The line ``mnify run`` reads as "stopped on purpose after update N"."""
+    from mnify.runtime.update_watch import stop_report_line
+
+    code = exc.code if isinstance(exc.code, int) else 1
+    sys.stdout.flush()
+    sys.stderr.write(stop_report_line(*_rank_and_host(), exc) + "\n")
+    sys.stderr.flush()
+    rank_state.exiting(code)
 
 
 def _world_size() -> int:
@@ -102,6 +124,10 @@ def main(argv: list[str]) -> None:
     try:
         runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
+        if _is_update_stop(exc):
+            _report_stop(exc)
+            raise SystemExit(exc.code) from None  # every rank stops here: no abort
+
         code = exc.code
         if code is None or code == 0:
             rank_state.exiting(0)
