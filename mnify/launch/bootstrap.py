@@ -106,6 +106,35 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def _run_script(path: str) -> None:
+    """The script as ``__main__``; under ``mnify scale`` with its probes (the script's
+    rank-0-guarded blocks timed: :mod:`mnify.runtime.scale_probe`), else as runpy runs it."""
+    if not os.environ.get("MNIFY_SCALE", "").strip():
+        runpy.run_path(path, run_name="__main__")
+        return
+    import types
+
+    from mnify.runtime import scale_probe
+
+    updates = scale_probe.updates_from_env()
+    if updates is None:
+        raise SystemExit(
+            f"mnify: MNIFY_SCALE must be a number of updates, got {os.environ['MNIFY_SCALE']!r}"
+        )
+    scale_probe.start(updates)
+    code = scale_probe.compile_script(path)
+    module = types.ModuleType("__main__")
+    module.__file__ = path
+    setattr(module, scale_probe.RANK0_HOOK, scale_probe.rank0_work)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
 def _line_buffered() -> None:
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
@@ -122,7 +151,7 @@ def main(argv: list[str]) -> None:
     sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
     rank_state.start()
     try:
-        runpy.run_path(argv[0], run_name="__main__")
+        _run_script(argv[0])
     except SystemExit as exc:
         if _is_update_stop(exc):
             _report_stop(exc)

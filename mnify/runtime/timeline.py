@@ -104,6 +104,11 @@ class Category(IntEnum):
     UPDATE = 6  # the multi-node optimizer's update()
     APPLY = 7  # the wrapped optimizer applying the averaged gradients
     DEVICE = 8  # GPU time of a span (aux: the category of the host span it times)
+    # recorded only under ``mnify scale`` (:mod:`mnify.runtime.scale_probe`)
+    STEP = 9  # one optimizer update as update_watch sees it (seq: its index, from 1)
+    DATA = 10  # an iterator's ``next`` (aux: examples in the batch, -1 if unknown)
+    EXTENSION = 11  # a Trainer extension's call (name: the extension's)
+    RANK0 = 12  # a block of the script guarded by ``rank == 0`` (a rank-0-only branch)
 
 
 # collectives whose payload is a model's parameters (their GPU time is always timed)
@@ -875,6 +880,8 @@ class RankTimeline:
     clocks: list[dict[str, Any]]  # offsets from another rank's clock
     jobs: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    # fingerprints of the datasets the rank's iterators read (mnify scale: is the data split?)
+    datasets: list[dict[str, Any]] = field(default_factory=list)
     dropped_meta: int = 0
     dropped_device: int = 0
     damaged: int = 0  # records skipped because they did not read back whole
@@ -913,6 +920,7 @@ def read_file(path: str | os.PathLike[str]) -> RankTimeline:
     clocks: list[dict[str, Any]] = []
     jobs: list[dict[str, Any]] = []
     warnings: list[str] = []
+    datasets: list[dict[str, Any]] = []
     process: dict[str, Any] = {}
     used = min(int(header[_H_META_USED]), META_BYTES)
     for line in raw[HEADER_BYTES : HEADER_BYTES + used].splitlines():
@@ -933,6 +941,8 @@ def read_file(path: str | os.PathLike[str]) -> RankTimeline:
             process = item
         elif kind == "warning":
             warnings.append(str(item.get("message", "")))
+        elif kind == "dataset":
+            datasets.append(item)
     events: list[Event] = []
     # when the ring has wrapped, the oldest slot may be the one a killed writer was overwriting
     first = max(0, head - capacity + 1) if head >= capacity else 0
@@ -970,6 +980,7 @@ def read_file(path: str | os.PathLike[str]) -> RankTimeline:
         clocks=clocks,
         jobs=jobs,
         warnings=warnings,
+        datasets=datasets,
         dropped_meta=int(header[_H_META_DROPPED]),
         dropped_device=int(header[_H_DEVICE_DROPPED]),
         damaged=damaged,

@@ -1,0 +1,368 @@
+"""``mnify scale``: run a script at several rank counts, measure, and name what costs the speed-up.
+
+Each count runs the unmodified script under the launcher of ``mnify run`` with the timeline on
+and ``MNIFY_SCALE=W+K+1``: :mod:`mnify.runtime.scale_probe` records updates, iterators,
+extensions and rank-0-guarded blocks, and stops every rank after update W+K+1 (so that K whole
+steps follow the W warm-up ones). The merged timeline is accounted for by
+:mod:`mnify.launch.attribution` (the account ``mnify run --timeline`` gives too) and
+:mod:`mnify.launch.stragglers`; the causes are judged at the largest count.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import statistics
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mnify.launch import attribution, stragglers, timeline_merge
+from mnify.launch.attribution import PARTS, Attribution, Breakdown
+
+SCHEMA = 1
+CAUSE_SHARE = 0.15  # a cause is named when it costs at least this share of the step
+SMALL_BATCH = 32  # per-rank examples under which a GPU is not kept busy
+ENV_UPDATES = "MNIFY_SCALE"  # read by mnify.runtime.scale_probe (not imported here)
+
+
+class ScaleError(Exception):
+    """A run that could not be measured (it failed, or made too few updates)."""
+
+
+@dataclass
+class Run:
+    """One rank count, measured."""
+
+    ranks: int
+    update_ms: float  # median time per update
+    update_ms_spread: float  # interquartile range of it
+    examples_per_update: float | None  # every rank's batch together; None: unknown
+    attribution: Attribution
+    load: tuple[float, float, float]  # os.getloadavg() after the run
+    stragglers: list[stragglers.RankLateness] = field(default_factory=list)
+    not_split: bool = False
+    batch_known: bool = True
+
+    @property
+    def examples_per_s(self) -> float:
+        per_update = self.examples_per_update or float(self.ranks)
+        return per_update / (self.update_ms / 1e3) if self.update_ms > 0 else 0.0
+
+    @property
+    def breakdown(self) -> Breakdown:
+        return self.attribution.mean
+
+
+@dataclass
+class Cause:
+    kind: str
+    ranks: list[int]
+    share: float
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "ranks": self.ranks,
+            "share": round(self.share, 4),
+            "message": self.message,
+        }
+
+
+def spread(values: Sequence[float]) -> float:
+    """The interquartile range (0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[2] - q[0]
+
+
+def same_data(trace: dict[str, Any], ranks: int) -> bool:
+    """Whether every rank's iterators read the same dataset (equal fingerprints): the data
+    was not split between ranks."""
+    found = ((trace.get("otherData") or {}).get("mnify") or {}).get("datasets") or {}
+    if ranks < 2 or len(found) < ranks:
+        return False
+    prints = [
+        tuple(sorted((d.get("len"), d.get("digest")) for d in items)) for items in found.values()
+    ]
+    return len(set(prints)) == 1 and all(p for p in prints)
+
+
+def measure_trace(trace: dict[str, Any], ranks: int, warmup: int, updates: int, load: Any) -> Run:
+    """The measurement of one run's merged timeline: steps W+1 .. W+K."""
+    found = attribution.attribute(trace, first=warmup + 1, last=warmup + updates)
+    if not found.steps:
+        raise ScaleError(
+            f"{ranks} rank(s): no whole update after the {warmup} warm-up ones was recorded "
+            "(does the script use mnify.runtime's multi-node optimizer, and run long enough?)"
+        )
+    # collectives of update k carry the optimizer's step count k - 1
+    steps = range(warmup, warmup + updates)
+    report = stragglers.analyze(trace, steps=steps, min_steps=max(3, len(found.steps) // 2))
+    return Run(
+        ranks=ranks,
+        update_ms=statistics.median(found.step_ms),
+        update_ms_spread=spread(found.step_ms),
+        examples_per_update=found.examples_per_step,
+        attribution=found,
+        load=tuple(load),  # type: ignore[arg-type]
+        stragglers=report.stragglers,
+        not_split=same_data(trace, ranks),
+        batch_known=found.examples_per_step is not None,
+    )
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.1f} MB"
+
+
+def causes(runs: Sequence[Run]) -> list[Cause]:
+    """What costs the speed-up, judged at the largest count (see docs/scale.md)."""
+    if not runs:
+        return []
+    run = max(runs, key=lambda r: r.ranks)
+    step = run.update_ms or 1.0
+    found: list[Cause] = []
+    per_rank = run.attribution.per_rank
+    mean = run.breakdown
+    if run.not_split:
+        found.append(
+            Cause(
+                "not-split",
+                list(range(run.ranks)),
+                (run.ranks - 1) / run.ranks,
+                "every rank reads the same dataset: each epoch does the whole work on every "
+                "rank, so no speed-up per epoch is possible; split it with "
+                "mnify.runtime.scatter_dataset(dataset, comm)",
+            )
+        )
+    if run.ranks < 2:
+        return found
+    rank0 = per_rank.get(0, Breakdown()).rank0_only
+    if rank0 / step >= CAUSE_SHARE:
+        found.append(
+            Cause(
+                "rank0-work",
+                [0],
+                rank0 / step,
+                f"rank 0 spends {rank0:.1f} ms a step on work only it does (rank-0-guarded "
+                "code, extensions only it runs) while the others wait at the next collective; "
+                "run it less often (a larger trigger) or outside the training loop",
+            )
+        )
+    for s in run.stragglers:
+        late = s.mean_late_ms
+        if s.rank == 0:
+            late -= rank0  # rank 0 late because of its own guarded work is rank0-work
+        if late / step >= CAUSE_SHARE:
+            found.append(
+                Cause(
+                    "straggler",
+                    [s.rank],
+                    late / step,
+                    f"rank {s.rank} is the last rank at {100 * s.late_fraction:.0f}% of steps, "
+                    f"{late:.1f} ms late a step: find what it does more (its data, its device, "
+                    "its host's load) or balance its work",
+                )
+            )
+    if mean.mean_grad / step >= CAUSE_SHARE:
+        grad = run.attribution.gradient_bytes
+        ms = run.attribution.gradient_ms
+        speed = f", {grad / (ms / 1e3) / 1e6:.0f} MB/s measured" if grad and ms > 0 else ""
+        found.append(
+            Cause(
+                "communication-bound",
+                list(range(run.ranks)),
+                mean.mean_grad / step,
+                f"averaging gradients takes {mean.mean_grad:.1f} ms a step (gradients "
+                f"{_mb(grad)}{speed}): a larger per-rank batch amortises it; "
+                "allreduce_grad_dtype='float16' halves the bytes",
+            )
+        )
+    slow_data = [r for r, b in sorted(per_rank.items()) if b.data / step >= CAUSE_SHARE]
+    if mean.data / step >= CAUSE_SHARE:
+        found.append(
+            Cause(
+                "data-loading",
+                slow_data,
+                mean.data / step,
+                f"ranks wait {mean.data:.1f} ms a step for their iterator's next batch: "
+                "load examples in parallel with chainer.iterators.MultiprocessIterator "
+                "(n_processes=...)",
+            )
+        )
+    batch = run.attribution.batch_per_rank
+    if run.attribution.on_gpu and batch and min(batch.values()) < SMALL_BATCH:
+        small = min(batch.values())
+        found.append(
+            Cause(
+                "small-batch",
+                [r for r, b in sorted(batch.items()) if b < SMALL_BATCH],
+                mean.compute / step,
+                f"{small:.0f} examples per rank do not keep a GPU busy: raise the per-rank batch",
+            )
+        )
+    return found
+
+
+def speedup(runs: Sequence[Run]) -> tuple[float, float]:
+    """Throughput speed-up of the largest count over the smallest, and the efficiency."""
+    if len(runs) < 2:
+        return 1.0, 1.0
+    small = min(runs, key=lambda r: r.ranks)
+    large = max(runs, key=lambda r: r.ranks)
+    if small.examples_per_s <= 0:
+        return 0.0, 0.0
+    gain = large.examples_per_s / small.examples_per_s
+    return gain, gain / (large.ranks / small.ranks)
+
+
+def as_data(runs: Sequence[Run], found: Sequence[Cause]) -> dict[str, Any]:
+    """``--json``'s document."""
+    gain, efficiency = speedup(runs)
+    return {
+        "schema": SCHEMA,
+        "runs": [
+            {
+                "ranks": r.ranks,
+                "update_ms": round(r.update_ms, 3),
+                "update_ms_spread": round(r.update_ms_spread, 3),
+                "examples_per_s": round(r.examples_per_s, 3),
+                "breakdown_ms": r.breakdown.as_dict(),
+            }
+            for r in runs
+        ],
+        "speedup": round(gain, 4),
+        "efficiency": round(efficiency, 4),
+        "causes": [c.as_dict() for c in found],
+    }
+
+
+def render(runs: Sequence[Run], found: Sequence[Cause], warmup: int, updates: int) -> list[str]:
+    """The report as text."""
+    lines = [
+        f"mnify scale: {updates} updates measured after {warmup} warm-up ones, at each count",
+        f"{'ranks':>5} {'update ms':>10} {'spread':>8} {'examples/s':>11} {'speed-up':>9} "
+        f"{'efficiency':>10}   " + " ".join(f"{p:>10}" for p in PARTS),
+    ]
+    base = min(runs, key=lambda r: r.ranks) if runs else None
+    for r in runs:
+        assert base is not None
+        gain = r.examples_per_s / base.examples_per_s if base.examples_per_s else 0.0
+        eff = gain / (r.ranks / base.ranks)
+        b = r.breakdown
+        lines.append(
+            f"{r.ranks:>5} {r.update_ms:>10.1f} {r.update_ms_spread:>8.1f} "
+            f"{r.examples_per_s:>11.1f} {gain:>8.2f}x {100 * eff:>9.0f}%   "
+            + " ".join(f"{getattr(b, p):>10.1f}" for p in PARTS)
+        )
+    if runs and not all(r.batch_known for r in runs):
+        lines.append(
+            "mnify scale: no iterator seen: examples/s counts one example per rank and update "
+            "(it assumes the per-rank batch stays the same)"
+        )
+    cores = os.cpu_count() or 1
+    for r in runs:
+        if r.load[0] > cores:
+            lines.append(
+                f"mnify scale: note: load average {r.load[0]:.1f} on {cores} cores after the "
+                f"{r.ranks}-rank run: the machine was busy, the times are pessimistic"
+            )
+    if found:
+        for c in found:
+            who = ", ".join(str(x) for x in c.ranks)
+            lines.append(
+                f"mnify scale: cause {c.kind} (rank {who}, {100 * c.share:.0f}% of the step): "
+                f"{c.message}"
+            )
+    else:
+        lines.append("mnify scale: no cause found: nothing costs 15% of the step or more")
+    return lines
+
+
+def plot(runs: Sequence[Run], path: str | os.PathLike[str]) -> None:
+    """Stacked bars of the breakdown per count, with the ideal and the measured throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = [r.ranks for r in runs]
+    labels = [str(c) for c in counts]
+    fig, (bars, line) = plt.subplots(1, 2, figsize=(11, 4.2))
+    bottom = [0.0] * len(runs)
+    names = {
+        "compute": "compute",
+        "mean_grad": "gradient averaging",
+        "wait": "waiting for ranks",
+        "data": "waiting for data",
+        "rank0_only": "rank 0 only",
+    }
+    for part in PARTS:
+        values = [getattr(r.breakdown, part) for r in runs]
+        bars.bar(labels, values, bottom=bottom, label=names[part])
+        bottom = [a + b for a, b in zip(bottom, values, strict=True)]
+    bars.errorbar(labels, [r.update_ms for r in runs], yerr=[r.update_ms_spread / 2 for r in runs],
+                  fmt="k_", capsize=6, label="median update (IQR)")  # fmt: skip
+    bars.set_xlabel("ranks")
+    bars.set_ylabel("ms per update (mean over ranks)")
+    bars.set_title("Where a step goes")
+    bars.legend(fontsize=8)
+    base = runs[0]
+    measured = [r.examples_per_s for r in runs]
+    ideal = [base.examples_per_s * r.ranks / base.ranks for r in runs]
+    line.plot(counts, ideal, "--", color="gray", label="ideal (linear)")
+    line.plot(counts, measured, "o-", label="measured")
+    line.set_xticks(counts)
+    line.set_xlabel("ranks")
+    line.set_ylabel("examples per second (all ranks)")
+    line.set_title("Throughput")
+    line.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+Launch = Callable[[int, dict[str, str], io.TextIOBase], tuple[int, list[Any]]]
+
+
+def measure(
+    counts: Sequence[int],
+    launch: Launch,
+    *,
+    warmup: int,
+    updates: int,
+    say: Callable[[str], None],
+) -> list[Run]:
+    """Run at each count (``launch(n, extra_env, log)`` returns mpiexec's status and the ranks'
+    stop reports) and measure it; raises :class:`ScaleError` for a run that cannot be."""
+    runs = []
+    for n in counts:
+        directory = Path(tempfile.mkdtemp(prefix=f"mnify-scale-{n}-"))
+        log_path = directory / "output.log"
+        try:
+            env = {
+                "MNIFY_TIMELINE": str(directory / "ranks"),
+                ENV_UPDATES: str(warmup + updates + 1),
+            }
+            say(f"mnify scale: {n} rank(s): {warmup} + {updates} updates ...")
+            with open(log_path, "w", encoding="utf-8") as log:
+                status, stops = launch(n, env, log)  # type: ignore[arg-type]
+            load = os.getloadavg()
+            if status != 0 or not stops:
+                tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+                why = "failed" if status != 0 else f"ended before update {warmup + updates + 1}"
+                raise ScaleError(
+                    f"the {n}-rank run {why} (exit status {status}); its last lines:\n"
+                    + "\n".join(tail)
+                )
+            merged = timeline_merge.merge_directory(directory / "ranks", expected_size=n)
+            runs.append(measure_trace(merged.trace, n, warmup, updates, load))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    return runs
