@@ -273,6 +273,7 @@ def render(runs: Sequence[Run], found: Sequence[Cause], warmup: int, updates: in
                 f"mnify scale: note: load average {r.load[0]:.1f} on {cores} cores after the "
                 f"{r.ranks}-rank run: the machine was busy, the times are pessimistic"
             )
+    lines += _compute_note(runs)
     if found:
         for c in found:
             who = ", ".join(str(x) for x in c.ranks)
@@ -283,6 +284,31 @@ def render(runs: Sequence[Run], found: Sequence[Cause], warmup: int, updates: in
     else:
         lines.append("mnify scale: no cause found: nothing costs 15% of the step or more")
     return lines
+
+
+COMPUTE_GROWTH = 1.3  # compute per update this much longer at the largest count is noted
+
+
+def _compute_note(runs: Sequence[Run]) -> list[str]:
+    """Compute per update that grew with the rank count at the same per-rank batch: the ranks
+    share something (cores, a device, memory bandwidth). Not a cause of the list, but the
+    reason, when it is, that no cause is named and yet the speed-up is missing."""
+    if len(runs) < 2:
+        return []
+    small, large = min(runs, key=lambda r: r.ranks), max(runs, key=lambda r: r.ranks)
+    before, after = small.breakdown.compute, large.breakdown.compute
+    batches = [r.attribution.batch_per_rank for r in (small, large)]
+    same_batch = all(batches) and {round(b) for d in batches for b in d.values()} == {
+        round(next(iter(batches[0].values())))
+    }
+    if before <= 0 or after < COMPUTE_GROWTH * before or (all(batches) and not same_batch):
+        return []
+    cores = os.cpu_count() or 1
+    return [
+        f"mnify scale: note: compute per update grew {after / before:.2f}x from {small.ranks} "
+        f"to {large.ranks} ranks at the same per-rank batch: the ranks compete for what they "
+        f"share ({cores} cores here, load {large.load[0]:.1f}; one device or memory bandwidth)"
+    ]
 
 
 def plot(runs: Sequence[Run], path: str | os.PathLike[str]) -> None:
@@ -310,7 +336,7 @@ def plot(runs: Sequence[Run], path: str | os.PathLike[str]) -> None:
     bars.errorbar(labels, [r.update_ms for r in runs], yerr=[r.update_ms_spread / 2 for r in runs],
                   fmt="k_", capsize=6, label="median update (IQR)")  # fmt: skip
     bars.set_xlabel("ranks")
-    bars.set_ylabel("ms per update (mean over ranks)")
+    bars.set_ylabel("ms per update (mean over steps and ranks)")
     bars.set_title("Where a step goes")
     bars.legend(fontsize=8)
     base = runs[0]

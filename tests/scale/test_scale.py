@@ -168,3 +168,35 @@ def test_without_scale_nothing_is_installed_and_with_it_the_run_stops(tmp_path: 
     assert "PROBES [True, True, True, True]" in on.stdout
     assert [ln for ln in on.stdout.splitlines() if ln.startswith("UPDATE")][-1] == "UPDATE 2"
     assert "stopped after update 3" in on.stderr
+
+
+def _run(ranks: int, compute: float, *, batch: float = 8.0, on_gpu: bool = False) -> Any:
+    from mnify.launch.attribution import Attribution, Breakdown
+    from mnify.launch.scale import Run
+
+    per_rank = {r: Breakdown(compute=compute, mean_grad=1.0) for r in range(ranks)}
+    found = Attribution(
+        steps=[1, 2, 3], step_ms=[compute + 1.0] * 3, per_rank=per_rank,
+        examples_per_step=batch * ranks, batch_per_rank=dict.fromkeys(range(ranks), batch),
+        on_gpu=on_gpu,
+    )  # fmt: skip
+    return Run(ranks, compute + 1.0, 0.0, batch * ranks, found, (0.0, 0.0, 0.0))
+
+
+def test_compute_that_grows_with_the_count_is_noted_not_named() -> None:
+    from mnify.launch.scale import causes, render
+
+    runs = [_run(1, 100.0), _run(2, 250.0)]
+    assert causes(runs) == []
+    notes = [ln for ln in render(runs, [], 1, 3) if "compute per update grew" in ln]
+    assert len(notes) == 1 and "2.50x from 1 to 2 ranks" in notes[0]
+    assert not [ln for ln in render([_run(1, 100), _run(2, 110)], [], 1, 3) if "grew" in ln]
+
+
+def test_a_small_per_rank_batch_on_a_gpu_is_small_batch() -> None:
+    from mnify.launch.scale import causes
+
+    (cause,) = causes([_run(1, 10.0, on_gpu=True), _run(2, 10.0, on_gpu=True)])
+    assert cause.kind == "small-batch" and cause.ranks == [0, 1]
+    assert causes([_run(2, 10.0, batch=64, on_gpu=True)]) == []
+    assert causes([_run(2, 10.0)]) == []  # on the CPU the batch size is not judged
