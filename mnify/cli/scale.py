@@ -13,6 +13,7 @@ failed or made too few updates, 2 for a usage error. See docs/scale.md.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -111,8 +112,6 @@ def scale(
             mpiexec = find_mpiexec()
         except MpiExecNotFound as exc:
             _fail(str(exc))
-    import os
-
     if not os.path.isfile(script):
         _fail(f"script not found: {script}")
 

@@ -182,7 +182,6 @@ class Recorder:
         # state the hooks share
         self.step = 0  # optimizer updates finished (or skipped) so far
         self.depth = 0  # inside a recorded collective
-        self.in_bucket = False
         self.bucket = 0  # number of the current bucket in the current collective
         self.comm = NO_COMM  # the current collective's communicator and number
         self.seq = 0
