@@ -121,6 +121,10 @@ def main(argv: list[str]) -> None:
     sys.argv[:] = argv
     sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
     rank_state.start()
+    if os.environ.get("MNIFY_VERIFY"):  # mnify run --verify: watch from the script's start
+        from mnify.runtime.verify import start_if_requested
+
+        start_if_requested()
     try:
         runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
