@@ -52,13 +52,26 @@ def _shared(sets: dict[int, np.ndarray]) -> tuple[np.ndarray, list[int]]:
     return shared, ranks
 
 
+def _repeated(values: np.ndarray) -> np.ndarray:
+    unique, counts = np.unique(values, return_counts=True)
+    return np.asarray(unique[counts > 1], np.uint64)
+
+
+def _without(values: np.ndarray, excluded: np.ndarray) -> np.ndarray:
+    return values if not excluded.size else values[~np.isin(values, excluded)]
+
+
 def _same_data(records: list[RankRecord], updates: int) -> list[Finding]:
     """The sources first (they catch a whole dataset shuffled differently on each rank, which
     K updates alone rarely show), then the examples themselves."""
     size = len(records)
+    # An example whose content occurs twice in a rank's own source (a toy dataset of a few
+    # patterns, a dataset concatenated with itself) says nothing about how data was split.
+    repeated = [_repeated(r.source) for r in records if r.source.size]
+    common = np.unique(np.concatenate(repeated)) if repeated else np.zeros(0, np.uint64)
     # a split of n examples over `size` ranks that repeats at most size - 1 of them
     # (force_equal_length) lets every rank run the same number of updates: not a finding
-    sources = {r.rank: r.source for r in records if r.source.size}
+    sources = {r.rank: _without(r.source, common) for r in records if r.source.size}
     shared, ranks = _shared(sources)
     if shared.size > size - 1:
         smallest = min(int(np.unique(sources[r]).size) for r in ranks)
@@ -75,7 +88,7 @@ def _same_data(records: list[RankRecord], updates: int) -> list[Finding]:
                     "split it by comm.rank)",
                 )
             ]
-    drawn = {r.rank: r.drawn for r in records if r.drawn.size}
+    drawn = {r.rank: _without(r.drawn, common) for r in records if r.drawn.size}
     shared, ranks = _shared(drawn)
     if shared.size > size - 1:
         first_rank = min(ranks)
