@@ -150,6 +150,10 @@ def main(argv: list[str]) -> None:
     sys.argv[:] = argv
     sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
     rank_state.start()
+    if os.environ.get("MNIFY_VERIFY"):  # mnify run --verify: watch from the script's start
+        from mnify.runtime.verify import start_if_requested
+
+        start_if_requested()
     try:
         _run_script(argv[0])
     except SystemExit as exc:
