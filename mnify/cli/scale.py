@@ -21,11 +21,13 @@ from typing import Any
 
 import click
 
-from mnify.cli.run import _fail, _read_hosts
+from mnify.cli.run import _fail, _read_hosts, verify_outcome
 from mnify.launch.command import LaunchSpec, build_command
 from mnify.launch.hosts import HostSpecError
 from mnify.launch.mpiexec import ENV_MPIEXEC, MpiExecNotFound, describe_mpiexec, find_mpiexec
 from mnify.launch.runner import run_job
+from mnify.runtime.verify import ENV_LAUNCHER as ENV_VERIFY_LAUNCHER
+from mnify.runtime.verify import ENV_UPDATES as ENV_VERIFY
 
 
 def _counts(text: str) -> list[int]:
@@ -115,7 +117,10 @@ def scale(
     if not os.path.isfile(script):
         _fail(f"script not found: {script}")
 
-    def launch(n: int, env: dict[str, str], log: Any) -> tuple[int, list[Any]]:
+    def launch(n: int, env: dict[str, str], verify: int | None, log: Any) -> Any:
+        extra = [f"{k}={v}" for k, v in env.items()]
+        if verify is not None:
+            extra += [f"{ENV_VERIFY}={verify}", f"{ENV_VERIFY_LAUNCHER}=1"]
         spec = LaunchSpec(
             nprocs=n,
             script=script,
@@ -124,11 +129,15 @@ def scale(
             hosts=hosts,
             watchdog=watchdog,
             mpi_args=extra_args,
-            export=[*exports, *(f"{k}={v}" for k, v in env.items())],
+            export=[*exports, *extra],
         )
         result = run_job(build_command(spec, mpiexec), mpiexec.flavor, nprocs=n, out=log, err=log)
         status = result.returncode
-        return (128 - status if status < 0 else status), result.stops
+        findings = None
+        if verify is not None and result.verify_reports:
+            report = verify_outcome(result.verify_reports, verify)
+            findings = [(f.check, list(f.ranks)) for f in report.findings]
+        return measuring.Launched(128 - status if status < 0 else status, result.stops, findings)
 
     def say(line: str) -> None:
         click.echo(line, err=True)

@@ -10,7 +10,6 @@ steps follow the W warm-up ones). The merged timeline is accounted for by
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import statistics
@@ -44,7 +43,9 @@ class Run:
     attribution: Attribution
     load: tuple[float, float, float]  # os.getloadavg() after the run
     stragglers: list[stragglers.RankLateness] = field(default_factory=list)
-    not_split: bool = False
+    # mnify run --verify's same-data finding at this count: the ranks it names; None: not run
+    same_data: list[int] | None = None
+    same_data_note: str = ""  # why it could not be checked
     batch_known: bool = True
 
     @property
@@ -81,18 +82,6 @@ def spread(values: Sequence[float]) -> float:
     return q[2] - q[0]
 
 
-def same_data(trace: dict[str, Any], ranks: int) -> bool:
-    """Whether every rank's iterators read the same dataset (equal fingerprints): the data
-    was not split between ranks."""
-    found = ((trace.get("otherData") or {}).get("mnify") or {}).get("datasets") or {}
-    if ranks < 2 or len(found) < ranks:
-        return False
-    prints = [
-        tuple(sorted((d.get("len"), d.get("digest")) for d in items)) for items in found.values()
-    ]
-    return len(set(prints)) == 1 and all(p for p in prints)
-
-
 def measure_trace(trace: dict[str, Any], ranks: int, warmup: int, updates: int, load: Any) -> Run:
     """The measurement of one run's merged timeline: steps W+1 .. W+K."""
     found = attribution.attribute(trace, first=warmup + 1, last=warmup + updates)
@@ -112,7 +101,6 @@ def measure_trace(trace: dict[str, Any], ranks: int, warmup: int, updates: int, 
         attribution=found,
         load=tuple(load),  # type: ignore[arg-type]
         stragglers=report.stragglers,
-        not_split=same_data(trace, ranks),
         batch_known=found.examples_per_step is not None,
     )
 
@@ -130,15 +118,15 @@ def causes(runs: Sequence[Run]) -> list[Cause]:
     found: list[Cause] = []
     per_rank = run.attribution.per_rank
     mean = run.breakdown
-    if run.not_split:
+    if run.same_data:
         found.append(
             Cause(
                 "not-split",
-                list(range(run.ranks)),
+                run.same_data,
                 (run.ranks - 1) / run.ranks,
-                "every rank reads the same dataset: each epoch does the whole work on every "
-                "rank, so no speed-up per epoch is possible; split it with "
-                "mnify.runtime.scatter_dataset(dataset, comm)",
+                "mnify run --verify's same-data: the ranks train on the same examples, so "
+                "each epoch does the whole work on every rank and no speed-up per epoch is "
+                "possible; split the dataset with mnify.runtime.scatter_dataset(dataset, comm)",
             )
         )
     if run.ranks < 2:
@@ -261,6 +249,11 @@ def render(runs: Sequence[Run], found: Sequence[Cause], warmup: int, updates: in
             f"{r.examples_per_s:>11.1f} {gain:>8.2f}x {100 * eff:>9.0f}%   "
             + " ".join(f"{getattr(b, p):>10.1f}" for p in PARTS)
         )
+    for r in runs:
+        if r.same_data_note:
+            lines.append(
+                f"mnify scale: not-split not checked at {r.ranks} ranks: {r.same_data_note}"
+            )
     if runs and not all(r.batch_known for r in runs):
         lines.append(
             "mnify scale: no iterator seen: examples/s counts one example per rank and update "
@@ -354,7 +347,34 @@ def plot(runs: Sequence[Run], path: str | os.PathLike[str]) -> None:
     plt.close(fig)
 
 
-Launch = Callable[[int, dict[str, str], io.TextIOBase], tuple[int, list[Any]]]
+@dataclass
+class Launched:
+    """What one launch left: mpiexec's status, the ranks' stop reports, and ``--verify``'s
+    findings (``check`` and ``ranks`` each) when it was asked for."""
+
+    status: int
+    stops: list[Any]
+    verify_findings: list[tuple[str, list[int]]] | None = None
+
+
+# launch(n, extra environment, verify updates or None, log) -> what it left
+Launch = Callable[[int, dict[str, str], "int | None", Any], Launched]
+VERIFY_UPDATES = 3  # a --verify run this long at the largest count checks that data is split
+
+
+def _check_same_data(run: Run, launch: Launch, directory: Path, say: Callable[[str], None]) -> None:
+    """``mnify run --verify``'s same-data check, in a short run of its own at ``run``'s count
+    (its hashing of every example would slow the measured run)."""
+    say(f"mnify scale: {run.ranks} rank(s): --verify for {VERIFY_UPDATES} updates (same-data) ...")
+    with open(directory / "verify.log", "w", encoding="utf-8") as log:
+        launched = launch(run.ranks, {}, VERIFY_UPDATES, log)
+    if launched.verify_findings is None or not launched.stops:
+        run.same_data_note = f"--verify did not report (exit status {launched.status})"
+        return
+    ranks = sorted(
+        {r for check, rs in launched.verify_findings if check == "same-data" for r in rs}
+    )
+    run.same_data = ranks
 
 
 def measure(
@@ -364,9 +384,11 @@ def measure(
     warmup: int,
     updates: int,
     say: Callable[[str], None],
+    check_split: bool = True,
 ) -> list[Run]:
-    """Run at each count (``launch(n, extra_env, log)`` returns mpiexec's status and the ranks'
-    stop reports) and measure it; raises :class:`ScaleError` for a run that cannot be."""
+    """Run at each count and measure it; then, at the largest count of two ranks or more,
+    check with ``--verify`` that the ranks train on different data. Raises
+    :class:`ScaleError` for a run that cannot be measured."""
     runs = []
     for n in counts:
         directory = Path(tempfile.mkdtemp(prefix=f"mnify-scale-{n}-"))
@@ -378,17 +400,19 @@ def measure(
             }
             say(f"mnify scale: {n} rank(s): {warmup} + {updates} updates ...")
             with open(log_path, "w", encoding="utf-8") as log:
-                status, stops = launch(n, env, log)  # type: ignore[arg-type]
+                launched = launch(n, env, None, log)
             load = os.getloadavg()
-            if status != 0 or not stops:
+            if launched.status != 0 or not launched.stops:
                 tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
-                why = "failed" if status != 0 else f"ended before update {warmup + updates + 1}"
+                why = "failed" if launched.status else f"ended before update {warmup + updates + 1}"
                 raise ScaleError(
-                    f"the {n}-rank run {why} (exit status {status}); its last lines:\n"
+                    f"the {n}-rank run {why} (exit status {launched.status}); its last lines:\n"
                     + "\n".join(tail)
                 )
             merged = timeline_merge.merge_directory(directory / "ranks", expected_size=n)
             runs.append(measure_trace(merged.trace, n, warmup, updates, load))
+            if check_split and n == max(counts) and n >= 2:
+                _check_same_data(runs[-1], launch, directory, say)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     return runs

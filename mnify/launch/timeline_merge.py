@@ -276,9 +276,6 @@ def merge(timelines: Sequence[RankTimeline], size: int) -> Merged:
         "hosts": {str(t.rank): t.host for t in timelines},
         "warnings": warnings,
     }
-    datasets = {str(t.rank): t.datasets for t in timelines if t.datasets}
-    if datasets:
-        other["datasets"] = datasets
     trace = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"mnify": other}}
     return Merged(trace, size, ranks, missing, offsets, warnings)
 

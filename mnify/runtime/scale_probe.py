@@ -6,9 +6,7 @@ the bootstrap then calls :func:`start` before the script runs and compiles the s
 
 - each optimizer update as :mod:`mnify.runtime.update_watch` sees it (``step`` events), and the
   stop after the N-th (every rank stops after the same update);
-- each ``next`` of a Chainer iterator (``data`` events, with the batch's length), and, on an
-  iterator's first ``next``, a fingerprint of its dataset (length and a digest of three
-  examples): equal fingerprints on every rank mean the data was not split;
+- each ``next`` of a Chainer iterator (``data`` events, with the batch's length);
 - each call of a Trainer extension (``extension`` events, named after the extension);
 - each block of the script guarded by a rank-0 test (``if comm.rank == 0:``, ``if rank != 0:
   ... else:``): the compiled script times the block (``rank0`` events).
@@ -23,9 +21,6 @@ import ast
 import contextlib
 import functools
 import os
-import pickle
-import weakref
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,7 +32,6 @@ RANK0_HOOK = "__mnify_rank0_work__"  # the name the compiled script calls its gu
 
 _started = False
 _depth = 0  # inside a recorded span (nested iterators, a guarded block inside another)
-_fingerprinted: weakref.WeakSet[Any] = weakref.WeakSet()
 _wrapped: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
 
 
@@ -99,47 +93,11 @@ class _Steps:
 # -- iterators ------------------------------------------------------------------------------------
 
 
-def _example_bytes(example: Any) -> bytes:
-    data = getattr(example, "tobytes", None)
-    if callable(data):
-        return bytes(data())
-    if isinstance(example, tuple | list):
-        return b"\0".join(_example_bytes(x) for x in example)
-    try:
-        return pickle.dumps(example, protocol=4)
-    except Exception:
-        return repr(example).encode("utf-8", "replace")
-
-
-def _fingerprint(iterator: Any) -> None:
-    """The iterator's dataset, once: its length and a digest of its first, middle and last
-    examples (ranks that read the same data have the same fingerprint)."""
-    if iterator in _fingerprinted:
-        return
-    _fingerprinted.add(iterator)
-    rec = timeline.recorder()
-    dataset = getattr(iterator, "dataset", None)
-    if rec is None or dataset is None:
-        return
-    try:
-        n = len(dataset)
-        digest = 0
-        for i in sorted({0, n // 2, n - 1}) if n else []:
-            digest = zlib.crc32(_example_bytes(dataset[i]), digest)
-    except Exception:
-        return
-    rec.meta(
-        {"t": "dataset", "iterator": type(iterator).__name__, "len": n, "digest": f"{digest:08x}"}
-    )
-
-
 def _timed_next(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     @functools.wraps(original)
     def next_batch(self: Any) -> Any:
         if _depth:
             return original(self)
-        with contextlib.suppress(TypeError):
-            _fingerprint(self)
         with _span(Category.DATA, "next") as aux:
             batch = original(self)
             try:

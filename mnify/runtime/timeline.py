@@ -879,8 +879,6 @@ class RankTimeline:
     clocks: list[dict[str, Any]]  # offsets from another rank's clock
     jobs: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
-    # fingerprints of the datasets the rank's iterators read (mnify scale: is the data split?)
-    datasets: list[dict[str, Any]] = field(default_factory=list)
     dropped_meta: int = 0
     dropped_device: int = 0
     damaged: int = 0  # records skipped because they did not read back whole
@@ -919,7 +917,6 @@ def read_file(path: str | os.PathLike[str]) -> RankTimeline:
     clocks: list[dict[str, Any]] = []
     jobs: list[dict[str, Any]] = []
     warnings: list[str] = []
-    datasets: list[dict[str, Any]] = []
     process: dict[str, Any] = {}
     used = min(int(header[_H_META_USED]), META_BYTES)
     for line in raw[HEADER_BYTES : HEADER_BYTES + used].splitlines():
@@ -940,8 +937,7 @@ def read_file(path: str | os.PathLike[str]) -> RankTimeline:
             process = item
         elif kind == "warning":
             warnings.append(str(item.get("message", "")))
-        elif kind == "dataset":
-            datasets.append(item)
+
     events: list[Event] = []
     # when the ring has wrapped, the oldest slot may be the one a killed writer was overwriting
     first = max(0, head - capacity + 1) if head >= capacity else 0
@@ -979,7 +975,6 @@ def read_file(path: str | os.PathLike[str]) -> RankTimeline:
         clocks=clocks,
         jobs=jobs,
         warnings=warnings,
-        datasets=datasets,
         dropped_meta=int(header[_H_META_DROPPED]),
         dropped_device=int(header[_H_DEVICE_DROPPED]),
         damaged=damaged,
