@@ -26,6 +26,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "rules": ("mnify.cli.lint", "rules", "List every rule."),
     "run": ("mnify.cli.run", "run", "Launch a script on N ranks with mpiexec; summarise failures."),
     "doctor": ("mnify.cli.doctor", "doctor", "Report MPI, mpi4py, CuPy, NCCL, CUDA and Chainer."),
+    "scale": (
+        "mnify.cli.scale",
+        "scale",
+        "Run a script at several rank counts; report the speed-up and what costs the rest.",
+    ),
     "timeline": (
         "mnify.cli.timeline",
         "timeline",

@@ -11,6 +11,7 @@ or written ``error: PATH: reason``; the others continue, the summary line is pri
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,11 +262,62 @@ def convert(
         if entry.severity == "needs-person":
             click.echo(f"needs a person: {entry.render()}", err=True)
     click.echo(report.summary(), err=True)
+    if not check and not failures.lines:
+        for line in next_steps(report, scaling, _verify_target(src, output, outtree, in_place)):
+            click.echo(line, err=True)
     report_failed = report_path is not None and not _write_report(report, report_path)
     if failures.lines or report_failed:
         sys.exit(2)
     if check and any(r.changed for r in results):
         sys.exit(1)
+
+
+def next_steps(report: Report, scaling: str, script: str | None) -> list[str]:
+    """At most three lines after the summary: the batch and what scaling does to the schedules,
+    the number of items needing a person, and the command that proves the run data-parallel."""
+    batches = [e for e in report.entries if e.fact("per_rank_batch") is not None]
+    lines = []
+    if batches:
+        first = batches[0]
+        per_rank, global_batch = first.fact("per_rank_batch"), first.fact("global_batch")
+        if scaling == "weak":
+            schedules = sum(1 for e in report.entries if e.fact("iteration_schedule"))
+            counted = (
+                f"; {schedules} schedule(s) counted in iterations now cover N times the "
+                "examples (see the report)"
+                if schedules
+                else "; nothing here counts iterations"
+            )
+            lines.append(
+                f"batch: {per_rank} per rank, {global_batch} global (weak scaling): on N ranks "
+                f"an epoch takes 1/N of the iterations{counted}"
+            )
+        else:
+            lines.append(
+                f"batch: {global_batch} global as written, {per_rank} per rank (--scaling "
+                "strong): epochs and iteration-counted schedules keep their meaning"
+            )
+    people = len(report.needs_person())
+    lines.append(
+        f"{people} item(s) need a person (listed above)" if people else "nothing needs a person"
+    )
+    if script is not None:
+        lines.append(f"next: mnify run -n 2 --verify {shlex.quote(script)} [ARGS...]")
+    return lines[:3]
+
+
+def _verify_target(
+    src: tuple[Path, ...], output: Path | None, outtree: Path | None, in_place: bool
+) -> str | None:
+    """The converted script to run: -o's file, the file in --outtree, the file itself
+    (--in-place); the source when only a diff was shown (run it once it is written)."""
+    if output is not None:
+        return str(output)
+    if len(src) != 1 or not src[0].is_file():
+        return str(outtree) if outtree is not None else None
+    if outtree is not None:
+        return str(outtree / src[0].name)
+    return str(src[0])
 
 
 def _check_output(src: tuple[Path, ...], output: Path) -> None:

@@ -6,6 +6,7 @@
     mnify run -n 4 --summary-json verdict.json train_mn.py  # the verdict as data, for CI
     mnify run -n 8 --hostfile hosts --dry-run train_mn.py    # the command, for a batch script
     mnify run -n 4 --timeline trace.json train_mn.py  # a Chrome trace of every rank; stragglers
+    mnify run -n 2 --verify train_mn.py       # prove the first 3 updates are data-parallel
 
 Everything after SCRIPT belongs to the script; an option mnify does not know before it is a
 usage error. Exit status: the job's (mpiexec's, or the status of the rank whose early exit
@@ -28,7 +29,7 @@ import click
 
 from mnify.launch import timeline_merge
 from mnify.launch.command import LaunchSpec, build_command
-from mnify.launch.diagnosis import JobFacts, diagnose
+from mnify.launch.diagnosis import Category, JobFacts, diagnose
 from mnify.launch.hosts import (
     HostSlots,
     HostSpecError,
@@ -41,6 +42,21 @@ from mnify.launch.runner import run_job
 from mnify.launch.verdict import as_data, render_text
 from mnify.runtime import debug
 from mnify.runtime.timeline import ENV_DIR
+from mnify.runtime.verify import DEFAULT_UPDATES
+from mnify.runtime.verify import ENV_LAUNCHER as ENV_VERIFY_LAUNCHER
+from mnify.runtime.verify import ENV_UPDATES as ENV_VERIFY
+from mnify.runtime.verify.report import VerifyReport
+from mnify.runtime.verify.report import render as render_verify
+
+
+def verify_outcome(lines: list[str], updates: int) -> VerifyReport:
+    """Rank 0's report (its last JSON line); an empty one when the job ended without it."""
+    for text in reversed(lines):
+        try:
+            return VerifyReport.from_data(json.loads(text))
+        except (ValueError, TypeError):
+            continue
+    return VerifyReport(updates=0)
 
 
 def _fail(message: str) -> NoReturn:
@@ -157,6 +173,21 @@ def _exit_status(returncode: int) -> int:
     metavar="FILE",
     help="Record every rank's collectives; merge them into a Chrome trace; name stragglers.",
 )
+@click.option(
+    "--verify",
+    "verify",
+    is_flag=True,
+    help="Check the first updates are data-parallel (same-data, params-differ, "
+    "unwrapped-optimizer, rank-writes), then stop every rank; exit 1 with findings.",
+)
+@click.option(
+    "--verify-updates",
+    "verify_updates",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="K",
+    help=f"How many updates --verify checks (default {DEFAULT_UPDATES}; implies --verify).",
+)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -174,6 +205,8 @@ def run(
     exit_timeout: float,
     summary_json: str | None,
     timeline_file: str | None,
+    verify: bool,
+    verify_updates: int | None,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -207,6 +240,9 @@ def run(
     if timeline_file is not None:
         timeline_dir = timeline_merge.run_directory(timeline_file)
         exports = (*exports, f"{ENV_DIR}={timeline_dir}")
+    verify_k = verify_updates or (DEFAULT_UPDATES if verify else None)
+    if verify_k is not None:
+        exports = (*exports, f"{ENV_VERIFY}={verify_k}", f"{ENV_VERIFY_LAUNCHER}=1")
     spec = LaunchSpec(
         nprocs=nprocs,
         script=script,
@@ -271,29 +307,50 @@ def run(
         ranks_heard=result.ranks_heard,
         rerun_one_rank=shlex.join(["mnify", "run", "-n", "1", script, *script_args]),
         debug=debug.enabled(),
+        stops=result.stops,
     )
     verdict = diagnose(facts)
     summary = as_data(verdict)
+    if result.stops:
+        summary["stop"] = {
+            "updates": max(s.updates for s in result.stops),
+            "reason": ", ".join(sorted({s.reason for s in result.stops})),
+            "ranks": sorted({s.rank for s in result.stops}),
+        }
     timeline_lines: list[str] = []
     if timeline_file is not None and timeline_dir is not None:
         merged = timeline_merge.finish_run(timeline_file, timeline_dir, nprocs)
         timeline_lines = merged.lines
         summary["stragglers"] = merged.stragglers
+    verify_lines: list[str] = []
+    if verify_k is not None:
+        report = verify_outcome(result.verify_reports, verify_k)
+        summary["verify"] = report.as_data()
+        verify_lines = render_verify(report, nprocs)
+        if verdict.category is Category.STOPPED or verdict.ok:
+            verdict.exit_status = 1 if report.findings else 0
+            summary["exit_status"] = verdict.exit_status
     if summary_json is not None:
         try:
             _write_summary(summary_json, summary)
         except OSError as exc:
             click.echo(f"warning: --summary-json {summary_json}: {exc}", err=True)
-    if verdict.ok:
+    if verdict.ok or verdict.category is Category.STOPPED:
         for tb in result.tracebacks:  # handled errors printed by a job that still succeeded
             if not tb.shown:
                 for line in tb.lines:
                     click.echo(f"[{tb.rank}] {line}" if tag_output else line, err=True)
         for line in timeline_lines:
             click.echo(line, err=True)
-        sys.exit(0)
+        if verdict.category is Category.STOPPED and not verify_lines:
+            click.echo(f"mnify run: {verdict.headline}", err=True)
+        for line in verify_lines:
+            click.echo(line, err=True)
+        sys.exit(verdict.exit_status)
     click.echo("", err=True)
     click.echo(render_text(verdict), err=True)
+    for line in verify_lines:
+        click.echo(line, err=True)
     for line in timeline_lines:
         click.echo(line, err=True)
     sys.exit(verdict.exit_status)

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import click
 
-from mnify.launch import stragglers
+from mnify.launch import attribution, stragglers
 from mnify.launch.timeline_merge import MergeError, load_trace, merge_directory, write_trace
 
 
@@ -114,6 +114,8 @@ def timeline(
     except OSError as exc:
         _fail(f"{output}: {exc.strerror or exc}")
     for line in stragglers.render(stragglers.analyze(trace)):
+        click.echo(line)
+    for line in attribution.render(attribution.attribute(trace)):
         click.echo(line)
     if plot is not None:
         try:

@@ -16,6 +16,10 @@ status N`` instead of a traceback.
 It also starts :mod:`mnify.runtime.rank_state` and marks the rank as exiting when the script
 ends, whatever its status: a rank leaving while others wait in a collective is how a job hangs
 without any error, and ``mnify run`` ends such a job once it sees both.
+
+A stop asked for through :mod:`mnify.runtime.update_watch` (``--verify``, ``mnify scale``) ends
+every rank after the same update: the bootstrap prints ``[mnify] rank R (host H) stopped after
+update N (status S): REASON`` and exits with S without aborting (every rank is there).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import runpy
 import sys
 import time
 import traceback
+from typing import Any
 
 from mnify.runtime import rank_state
 
@@ -60,6 +65,23 @@ def _report_exit(status: int, message: str) -> None:
     sys.stderr.flush()
 
 
+def _is_update_stop(exc: BaseException) -> bool:
+    """:class:`mnify.runtime.update_watch.UpdateLimitReached`, without importing Chainer."""
+    watch = sys.modules.get("mnify.runtime.update_watch")
+    return watch is not None and isinstance(exc, watch.UpdateLimitReached)
+
+
+def _report_stop(exc: Any) -> None:
+    """The line ``mnify run`` reads as "stopped on purpose after update N"."""
+    from mnify.runtime.update_watch import stop_report_line
+
+    code = exc.code if isinstance(exc.code, int) else 1
+    sys.stdout.flush()
+    sys.stderr.write(stop_report_line(*_rank_and_host(), exc) + "\n")
+    sys.stderr.flush()
+    rank_state.exiting(code)
+
+
 def _world_size() -> int:
     from mpi4py import MPI
 
@@ -84,6 +106,35 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def _run_script(path: str) -> None:
+    """The script as ``__main__``; under ``mnify scale`` with its probes (the script's
+    rank-0-guarded blocks timed: :mod:`mnify.runtime.scale_probe`), else as runpy runs it."""
+    if not os.environ.get("MNIFY_SCALE", "").strip():
+        runpy.run_path(path, run_name="__main__")
+        return
+    import types
+
+    from mnify.runtime import scale_probe
+
+    updates = scale_probe.updates_from_env()
+    if updates is None:
+        raise SystemExit(
+            f"mnify: MNIFY_SCALE must be a number of updates, got {os.environ['MNIFY_SCALE']!r}"
+        )
+    scale_probe.start(updates)
+    code = scale_probe.compile_script(path)
+    module = types.ModuleType("__main__")
+    module.__file__ = path
+    setattr(module, scale_probe.RANK0_HOOK, scale_probe.rank0_work)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
 def _line_buffered() -> None:
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
@@ -99,9 +150,17 @@ def main(argv: list[str]) -> None:
     sys.argv[:] = argv
     sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
     rank_state.start()
+    if os.environ.get("MNIFY_VERIFY"):  # mnify run --verify: watch from the script's start
+        from mnify.runtime.verify import start_if_requested
+
+        start_if_requested()
     try:
-        runpy.run_path(argv[0], run_name="__main__")
+        _run_script(argv[0])
     except SystemExit as exc:
+        if _is_update_stop(exc):
+            _report_stop(exc)
+            raise SystemExit(exc.code) from None  # every rank stops here: no abort
+
         code = exc.code
         if code is None or code == 0:
             rank_state.exiting(0)

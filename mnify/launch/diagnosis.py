@@ -13,6 +13,8 @@ It decides from every rank's reports and the launcher's own facts together:
 ``killed``         a rank died of a signal (out of memory, a crash in native code)
 ``launch``         mpiexec could not start the ranks (host names, ssh, the hostfile)
 ``interrupted``    ``mnify run`` was told to stop (Ctrl-C, SIGTERM, SIGHUP)
+``stopped``        every rank stopped on purpose after the same update (``--verify``,
+                   ``mnify scale``); the exit status is the one the stop asked for
 =================  ==================================================================
 
 When several apply, the first cause wins: ``interrupted`` (the user's word) > ``launch`` >
@@ -38,7 +40,7 @@ from mnify.launch.launcher_messages import (
     parse_launcher_messages,
     who_ended,
 )
-from mnify.launch.rank_reports import RankExitReport, RankTraceback
+from mnify.launch.rank_reports import RankExitReport, RankStopReport, RankTraceback
 from mnify.runtime.errors import format_ranks
 
 
@@ -53,6 +55,7 @@ class Category(Enum):
     KILLED = "killed"
     LAUNCH = "launch"
     INTERRUPTED = "interrupted"
+    STOPPED = "stopped"
 
 
 @dataclass
@@ -70,6 +73,7 @@ class JobFacts:
     ranks_heard: frozenset[int] = frozenset()  # ranks that printed or published their state
     rerun_one_rank: str | None = None  # the command that runs the script on one rank
     debug: bool = False  # MNIFY_DEBUG was on
+    stops: Sequence[RankStopReport] = ()  # ranks that stopped on purpose after an update
 
 
 @dataclass
@@ -181,6 +185,9 @@ def _exit_status(facts: JobFacts) -> int:
 def diagnose(facts: JobFacts) -> Diagnosis:
     """Classify the job; see the module docstring for the categories and their precedence."""
     exits = parse_launcher_messages(facts.launcher_text)
+    stopped = _stopped(facts, exits)
+    if stopped is not None:
+        return stopped
     if not _failed(facts):
         return Diagnosis(Category.OK, 0, facts.nprocs, [], "the job succeeded", "", exits=exits)
     status = _exit_status(facts)
@@ -211,6 +218,28 @@ def diagnose(facts: JobFacts) -> Diagnosis:
     if fork_warning(facts.launcher_text):
         diagnosis.hint += " " + FORK_NOTE
     return diagnosis
+
+
+def _stopped(facts: JobFacts, exits: list[RankExit]) -> Diagnosis | None:
+    """Every rank reported a stop after the same update and none failed: a requested end."""
+    ranks = {s.rank for s in facts.stops}
+    if not facts.stops or ranks != set(range(facts.nprocs)):
+        return None
+    if (
+        facts.interrupted_by is not None
+        or facts.stranded is not None
+        or facts.stopped_after_failure
+        or any(tb.fatal for tb in facts.tracebacks)
+        or facts.exit_status > 128
+    ):
+        return None
+    updates = sorted({s.updates for s in facts.stops})
+    reasons = sorted({s.reason for s in facts.stops})
+    status = max(s.status for s in facts.stops)
+    headline = (
+        f"every rank stopped after update {','.join(map(str, updates))} ({', '.join(reasons)})"
+    )
+    return Diagnosis(Category.STOPPED, status, facts.nprocs, [], headline, "", exits=exits)
 
 
 def _interrupted(facts: JobFacts, status: int) -> Diagnosis | None:

@@ -21,6 +21,13 @@ _EXIT_REPORT = re.compile(
     r"^\[mnify\] rank (?P<rank>\d+) \(host (?P<host>[^)]*)\) exited with status "
     r"(?P<status>-?\d+)(?:: (?P<message>.*))?$"
 )
+# mnify.runtime.update_watch.stop_report_line: a rank ended cleanly after a requested update
+_STOP_REPORT = re.compile(
+    r"^\[mnify\] rank (?P<rank>\d+) \(host (?P<host>[^)]*)\) stopped after update "
+    r"(?P<updates>\d+) \(status (?P<status>-?\d+)\): (?P<reason>.*)$"
+)
+# mnify.runtime.verify: rank 0's findings as one JSON line
+VERIFY_REPORT_PREFIX = "[mnify] verify report: "
 # Chainer's Trainer.run prints this, a traceback without the exception line, and LOOP_ECHO_END,
 # then finalizes its extensions and re-raises: the same error is printed again in full.
 LOOP_ECHO_START = "Exception in main training loop: "
@@ -61,6 +68,18 @@ class RankExitReport:
     host: str
     status: int
     message: str = ""
+
+
+@dataclass(frozen=True)
+class RankStopReport:
+    """A rank's word that it stopped on purpose after ``updates`` updates (``--verify``,
+    ``mnify scale``): the end of the script, not a failure."""
+
+    rank: int
+    host: str
+    updates: int
+    status: int
+    reason: str
 
 
 @dataclass
@@ -204,6 +223,8 @@ class TracebackCollector:
         self._ranks: dict[int, _RankState] = {}
         self.tracebacks: list[RankTraceback] = []
         self.exits: list[RankExitReport] = []
+        self.stops: list[RankStopReport] = []
+        self.verify_reports: list[str] = []  # the JSON text after VERIFY_REPORT_PREFIX
 
     def feed(self, rank: int, text: str, now: float = 0.0) -> list[str]:
         st = self._ranks.setdefault(rank, _RankState())
@@ -219,6 +240,22 @@ class TracebackCollector:
                     ended.group("message") or "",
                 )
             )
+            return []
+        stopped = _STOP_REPORT.match(text)
+        if stopped:
+            self._close(st)
+            self.stops.append(
+                RankStopReport(
+                    int(stopped.group("rank")),
+                    stopped.group("host"),
+                    int(stopped.group("updates")),
+                    int(stopped.group("status")),
+                    stopped.group("reason"),
+                )
+            )
+            return []
+        if text.startswith(VERIFY_REPORT_PREFIX):
+            self.verify_reports.append(text[len(VERIFY_REPORT_PREFIX) :])
             return []
         header = _MNIFY_HEADER.match(text.lstrip())  # MPI_Abort may print first on the line
         if header:

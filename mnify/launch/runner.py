@@ -27,7 +27,12 @@ from mnify.launch.banners import BannerFilter
 from mnify.launch.command import LaunchCommand
 from mnify.launch.early_exit import EarlyExitWatch, StrandedRanks
 from mnify.launch.mpiexec import Flavor
-from mnify.launch.rank_reports import RankExitReport, RankTraceback, TracebackCollector
+from mnify.launch.rank_reports import (
+    RankExitReport,
+    RankStopReport,
+    RankTraceback,
+    TracebackCollector,
+)
 from mnify.launch.ranklines import RankLine, parse_line
 from mnify.runtime import rank_state
 
@@ -47,6 +52,8 @@ class JobResult:
     stranded: StrandedRanks | None = None  # a rank left others waiting and we ended the job
     exit_reports: list[RankExitReport] = field(default_factory=list)
     ranks_heard: frozenset[int] = frozenset()  # ranks that printed or published their state
+    stops: list[RankStopReport] = field(default_factory=list)  # ranks stopped after an update
+    verify_reports: list[str] = field(default_factory=list)  # rank 0's --verify JSON lines
 
 
 def _read_lines(stream: IO[bytes], name: str, sink: queue.Queue[object]) -> None:
@@ -322,6 +329,8 @@ def _run(
         stranded=stranded,
         exit_reports=list(pump.collector.exits),
         ranks_heard=frozenset(pump.ranks_heard | watch.started()),
+        stops=list(pump.collector.stops),
+        verify_reports=list(pump.collector.verify_reports),
     )
 
 

@@ -1,19 +1,24 @@
 """Which rank keeps the others waiting: arrival times at collectives, from a merged timeline.
 
 A rank's *lateness* at a collective is its arrival (the collective's start on that rank, on
-rank 0's clock) minus the median arrival of the collective's other ranks. Only complete
-collectives count: every rank of the communicator recorded them (a rank missing from the trace,
-a ring that overwrote old events, a job that died mid-way leave incomplete ones), and only
-collectives of two ranks or more. A rank is named a straggler when
+rank 0's clock) minus the median arrival of the collective's other ranks; its lateness for a
+*step* (an optimizer update: the collectives recorded with the same step number) is the sum
+over the step's collectives. Judging per step, not per collective, is what finds a rank that
+is late once a step: with synchronised BatchNorm a step has a dozen collectives, and a rank
+that sleeps before one of them is last there only, by the whole sleep, and on time at the rest.
+Only complete collectives count: every rank of the communicator recorded them (a rank missing
+from the trace, a ring that overwrote old events, a job that died mid-way leave incomplete
+ones), and only collectives of two ranks or more; a step counts when one of its collectives
+does. A rank is named a straggler when
 
-- it took part in at least :data:`MIN_COLLECTIVES` complete collectives,
-- it arrived last at :data:`LAST_FRACTION` of them or more, and
-- its mean lateness is at least ``max(MIN_LATE_MS, STEP_FRACTION * median step time)``.
+- it took part in at least :data:`MIN_STEPS` such steps,
+- it was the latest rank (the largest lateness) of :data:`LAST_FRACTION` of them or more, and
+- its mean lateness per step is at least ``max(MIN_LATE_MS, STEP_FRACTION * median step)``.
 
 The median step time is the median gap between the starts of consecutive optimizer updates of
 a rank, over all ranks; without updates only the 5 ms floor applies. On a quiet job the last
-rank changes from one collective to the next and lateness averages out near zero, so nobody is
-named; one slow rank is last nearly every time, late by about what it is slower.
+rank changes from one step to the next and lateness averages out near zero, so nobody is
+named; one slow rank is last nearly every step, late by about what it is slower.
 
 The waiting time a rank spends at a collective is the last arrival minus its own: what
 ``mnify timeline --plot`` draws per step.
@@ -23,10 +28,11 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-MIN_COLLECTIVES = 20
+MIN_STEPS = 20
 LAST_FRACTION = 0.5
 MIN_LATE_MS = 5.0
 STEP_FRACTION = 0.05
@@ -41,17 +47,18 @@ class Arrival:
 
 @dataclass(frozen=True)
 class RankLateness:
-    """One rank over the complete collectives it took part in."""
+    """One rank over the steps whose complete collectives it took part in."""
 
     rank: int
-    collectives: int
-    last: int  # how often it arrived last
-    mean_late_ms: float
+    collectives: int  # complete collectives compared
+    steps: int  # steps with at least one of them
+    last: int  # how many of those steps it was the latest rank of
+    mean_late_ms: float  # lateness per step, on average
     waited_ms: float  # in all, for the last rank of each collective to arrive
 
     @property
     def late_fraction(self) -> float:
-        return self.last / self.collectives if self.collectives else 0.0
+        return self.last / self.steps if self.steps else 0.0
 
 
 @dataclass
@@ -61,7 +68,7 @@ class Report:
     collectives: int  # complete collectives compared
     median_step_ms: float | None
     threshold_ms: float
-    steps: int
+    steps: int  # steps compared
 
 
 def _mnify_info(trace: dict[str, Any]) -> dict[str, Any]:
@@ -111,35 +118,47 @@ def median_step_ms(trace: dict[str, Any]) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
-def analyze(trace: dict[str, Any]) -> Report:
-    """Lateness of every rank, and the stragglers (see the module docstring)."""
-    groups = collectives(trace)
-    late: dict[int, list[float]] = defaultdict(list)
-    last: dict[int, int] = defaultdict(int)
+def analyze(
+    trace: dict[str, Any],
+    *,
+    steps: Collection[int] | None = None,
+    min_steps: int = MIN_STEPS,
+) -> Report:
+    """Lateness of every rank per step, and the stragglers (see the module docstring).
+
+    ``steps``: only these step numbers are compared (``mnify scale`` leaves out its warm-up);
+    ``min_steps``: how many a rank must have taken part in to be named.
+    """
+    groups = [g for g in collectives(trace) if steps is None or g[0].step in steps]
+    per_step: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    counted: dict[int, int] = defaultdict(int)
     waited: dict[int, float] = defaultdict(float)
-    steps: set[int] = set()
     for arrivals in groups:
-        latest = max(arrivals, key=lambda a: a.ts_ms)
-        last[latest.rank] += 1
+        latest = max(a.ts_ms for a in arrivals)
+        step = arrivals[0].step
         for a in arrivals:
             others = [b.ts_ms for b in arrivals if b is not a]
-            late[a.rank].append(a.ts_ms - statistics.median(others))
-            waited[a.rank] += latest.ts_ms - a.ts_ms
-            steps.add(a.step)
-    step = median_step_ms(trace)
-    threshold = max(MIN_LATE_MS, STEP_FRACTION * step) if step is not None else MIN_LATE_MS
+            per_step[step][a.rank] += a.ts_ms - statistics.median(others)
+            waited[a.rank] += latest - a.ts_ms
+            counted[a.rank] += 1
+    late: dict[int, list[float]] = defaultdict(list)
+    last: dict[int, int] = defaultdict(int)
+    for lateness in per_step.values():
+        last[max(lateness, key=lambda r: lateness[r])] += 1
+        for rank, ms in lateness.items():
+            late[rank].append(ms)
+    step_ms = median_step_ms(trace)
+    threshold = max(MIN_LATE_MS, STEP_FRACTION * step_ms) if step_ms is not None else MIN_LATE_MS
     ranks = [
-        RankLateness(r, len(values), last[r], statistics.fmean(values), waited[r])
+        RankLateness(r, counted[r], len(values), last[r], statistics.fmean(values), waited[r])
         for r, values in sorted(late.items())
     ]
     named = [
         r
         for r in ranks
-        if r.collectives >= MIN_COLLECTIVES
-        and r.late_fraction >= LAST_FRACTION
-        and r.mean_late_ms >= threshold
+        if r.steps >= min_steps and r.late_fraction >= LAST_FRACTION and r.mean_late_ms >= threshold
     ]
-    return Report(ranks, named, len(groups), step, threshold, len(steps))
+    return Report(ranks, named, len(groups), step_ms, threshold, len(per_step))
 
 
 def waiting_per_step(trace: dict[str, Any]) -> dict[int, dict[int, float]]:
@@ -154,8 +173,8 @@ def waiting_per_step(trace: dict[str, Any]) -> dict[int, dict[int, float]]:
 
 def straggler_line(s: RankLateness, prefix: str = "mnify run") -> str:
     return (
-        f"{prefix}: straggler: rank {s.rank} arrived last at {100 * s.late_fraction:.0f}% "
-        f"of collectives, {s.mean_late_ms:.1f} ms late on average"
+        f"{prefix}: straggler: rank {s.rank} was the last rank at {100 * s.late_fraction:.0f}% "
+        f"of steps, {s.mean_late_ms:.1f} ms late per step on average"
     )
 
 
@@ -176,15 +195,13 @@ def render(report: Report, prefix: str = "mnify timeline") -> list[str]:
     step = f"median step {report.median_step_ms:.1f} ms" if report.median_step_ms else "no steps"
     lines = [
         f"{len(report.ranks)} ranks, {report.collectives} complete collectives over "
-        f"{report.steps} steps, {step}; named late from {report.threshold_ms:.1f} ms on average"
+        f"{report.steps} steps, {step}; named late from {report.threshold_ms:.1f} ms a step"
     ]
     if report.ranks:
-        lines.append(
-            f"{'rank':>6} {'collectives':>11} {'last':>6} {'mean late':>11} {'waited':>11}"
-        )
+        lines.append(f"{'rank':>6} {'steps':>7} {'last':>6} {'late/step':>11} {'waited':>11}")
         for r in report.ranks:
             lines.append(
-                f"{r.rank:>6} {r.collectives:>11} {100 * r.late_fraction:>5.0f}% "
+                f"{r.rank:>6} {r.steps:>7} {100 * r.late_fraction:>5.0f}% "
                 f"{r.mean_late_ms:>8.1f} ms {r.waited_ms:>8.1f} ms"
             )
     lines += [straggler_line(s, prefix) for s in report.stragglers]

@@ -60,6 +60,10 @@ CATEGORY_NAMES = {
     Category.UPDATE: "update",
     Category.APPLY: "optimizer",
     Category.DEVICE: "gpu",
+    Category.STEP: "step",
+    Category.DATA: "data",
+    Category.EXTENSION: "extension",
+    Category.RANK0: "rank0",
 }
 METADATA_NAMES = ("process_name", "process_sort_index", "thread_name", "thread_sort_index")
 
@@ -326,8 +330,10 @@ def _event(
     if e.comm >= 0:
         args["comm"] = keys.get(e.comm, str(e.comm))
     # seq: the collective's number (of the one an event belongs to); bucket: its bucket's
-    if e.cat in (Category.COLLECTIVE, Category.P2P):
+    if e.cat in (Category.COLLECTIVE, Category.P2P, Category.STEP):
         args["seq"] = e.seq
+    elif e.cat == Category.DATA and e.aux >= 0:
+        args["examples"] = e.aux
     if e.cat == Category.BUCKET:
         args["seq"], args["bucket"] = e.aux, e.seq
     elif e.cat in (Category.PACK, Category.UNPACK):
@@ -468,7 +474,7 @@ def finish_run(trace_path: str | os.PathLike[str], directory: Path, nprocs: int)
     The rank files are removed once every rank's are merged; otherwise they stay, and the
     lines say how to complete the trace.
     """
-    from mnify.launch import stragglers
+    from mnify.launch import attribution, stragglers
 
     say = "mnify run: timeline:"
     try:
@@ -487,6 +493,7 @@ def finish_run(trace_path: str | os.PathLike[str], directory: Path, nprocs: int)
         lines.append(f"{say} {MissingRanks(directory, merged.missing, nprocs, merged.hosts, then)}")
     else:
         _remove_rank_files(directory)
+    lines += attribution.render(attribution.attribute(merged.trace), say)
     report = stragglers.analyze(merged.trace)
     lines += [stragglers.straggler_line(s) for s in report.stragglers]
     return RunTimeline(lines, stragglers.as_data(report))

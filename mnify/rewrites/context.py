@@ -162,11 +162,15 @@ class FileContext:
         message: str,
         code: str | None = None,
         claim: Claim | None = None,
+        facts: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """A report entry, filed under ``code`` or else the step's rule code. ``claim`` says what
-        the output must show for the entry to be true; the driver checks it on the output."""
+        the output must show for the entry to be true; the driver checks it on the output.
+        ``facts``: the entry's machine-readable content (see ``ReportEntry.facts``)."""
         line = self.line(node) if node is not None else 1
-        entry = ReportEntry(self.path, line, step, severity, message, code or step_code(step))
+        entry = ReportEntry(
+            self.path, line, step, severity, message, code or step_code(step), facts
+        )
         self.entries.append(entry)
         if claim is not None:
             self.claims.append((entry, claim))

@@ -26,6 +26,12 @@ class ReportEntry:
     severity: Severity
     message: str
     code: str = ""
+    # machine-readable facts behind the message, for the CLI's closing lines:
+    # ("per_rank_batch", expr), ("global_batch", expr), ("iteration_schedule", what)
+    facts: tuple[tuple[str, str], ...] = ()
+
+    def fact(self, name: str) -> str | None:
+        return next((value for key, value in self.facts if key == name), None)
 
     def render(self) -> str:
         code = f" {self.code}" if self.code else ""

@@ -110,6 +110,7 @@ def _batch_sizes(ctx: FileContext, batch: _Batch) -> None:
             f"weak scaling: per-rank batch {code}, global batch {operand} * comm.size (N ranks "
             "train with N times the batch of the original run; an epoch takes 1/N of the "
             "iterations)",
+            facts=(("per_rank_batch", code), ("global_batch", f"{operand} * comm.size")),
         )
         return
     if ctx.suppressed(call.node, _STEP):
@@ -139,6 +140,7 @@ def _batch_sizes(ctx: FileContext, batch: _Batch) -> None:
         _STEP,
         "changed",
         f"strong scaling: per-rank batch {value}, global batch {code} as written",
+        facts=(("per_rank_batch", value), ("global_batch", code)),
     )
 
 
@@ -350,7 +352,7 @@ def _iteration_schedules(ctx: FileContext) -> None:
                 f"interval counted in iterations: {per_step}, so it fires every "
                 "comm.size times as many examples (comm.size times less often per epoch)"
             )
-        ctx.note(where, _STEP, "info", message)
+        ctx.note(where, _STEP, "info", message, facts=(("iteration_schedule", "iteration"),))
     for call in ctx.facts.calls:
         if not vocab.is_extension(call.qname, *vocab.ITERATION_COUNTING_SHIFTS):
             continue
@@ -367,6 +369,7 @@ def _iteration_schedules(ctx: FileContext) -> None:
             f"{vocab.last(call.qname)} counts its steps in iterations: {per_step}, so the "
             "schedule spans comm.size times the examples (later in epochs); divide its "
             "iteration counts by comm.size to keep it in examples",
+            facts=(("iteration_schedule", vocab.last(call.qname)),),
         )
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import chainer
 
-from mnify.runtime import timeline
+from mnify.runtime import observers
 from mnify.runtime.overlap_hooks import OverlapEngine, OverlapStats
 
 if TYPE_CHECKING:
@@ -160,12 +160,12 @@ class MultiNodeOptimizer(_WrapperBase):
 
     def update(self, lossfun: Any = None, *args: Any, **kwds: Any) -> None:
         """One synchronous step; see the module docstring for what happens on the first one."""
-        timeline.update_begins()
+        observers.update_begins(self)
         if lossfun is None:
             # The caller computed gradients. If parameters changed they were computed on
             # parameters the ranks did not share: broadcast and skip (ChainerMN's behaviour).
             if self._broadcast_if_changed():
-                timeline.update_ends()
+                observers.update_ends(self)
                 return
         else:
             signature = param_signature(self._target)
@@ -177,17 +177,17 @@ class MultiNodeOptimizer(_WrapperBase):
                     lossfun(*args, **kwds)
             self._broadcast_if_changed()
             if self._overlapped_step(lossfun, args, kwds):
-                timeline.apply_begins()
+                observers.apply_begins(self)
                 self.actual_optimizer.update(None)
-                timeline.update_ends()
+                observers.update_ends(self)
                 return
             self._compute_grads(lossfun, args, kwds)
             if self._broadcast_if_changed():  # the forward still created parameters: redo it
                 self._compute_grads(lossfun, args, kwds)
         self.communicator.multi_node_mean_grad(self._target, self.zero_fill)
-        timeline.apply_begins()
+        observers.apply_begins(self)
         self.actual_optimizer.update(None)
-        timeline.update_ends()
+        observers.update_ends(self)
 
     def _overlapped_step(self, lossfun: Any, args: tuple[Any, ...], kwds: dict[str, Any]) -> bool:
         """Forward, backward and the gradient mean overlapped with that backward; False (nothing
@@ -262,7 +262,7 @@ class DoubleBufferingOptimizer(_WrapperBase):
         self.cupy.cuda.get_current_stream().synchronize()
 
     def update(self, lossfun: Any = None, *args: Any, **kwds: Any) -> None:
-        timeline.update_begins()
+        observers.update_begins(self)
         target = self._target
         if lossfun is not None:
             self._compute_grads(lossfun, args, kwds)
@@ -274,7 +274,7 @@ class DoubleBufferingOptimizer(_WrapperBase):
             self._set_own("communicated_target", copy.deepcopy(target))
             self._set_own("synced_signature", signature)
             self._set_own("has_pending_grads", False)
-            timeline.update_ends()
+            observers.update_ends(self)
             return
         self.wait()
         own = dict(target.namedparams())
@@ -285,10 +285,10 @@ class DoubleBufferingOptimizer(_WrapperBase):
             self.communicated_target, self.zero_fill, stream=self.stream
         )
         if self.has_pending_grads:
-            timeline.apply_begins()
+            observers.apply_begins(self)
             self.actual_optimizer.update(None)
         self._set_own("has_pending_grads", True)
-        timeline.update_ends()
+        observers.update_ends(self)
 
 
 def create_multi_node_optimizer(

@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mnify.runtime import kernels
+from mnify.runtime import kernels, observers
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators.buckets import bucket_size, place_scale, plan_buckets
 
@@ -131,9 +131,6 @@ class BucketScheduler:
         """Buckets started in the current step."""
         return self._next
 
-    def is_ready(self, index: int) -> bool:
-        return self._flats[index] is not None
-
     def ready(self, index: int, grad: Any) -> None:
         """Array ``index``'s gradient is final (``grad``, its shape as the parameter's): start
         every bucket that can start now. A second call for the same index is ignored."""
@@ -214,7 +211,6 @@ class MpiMeanReducer:
         self.watchdog = watchdog
         self.wait_all = wait_all
         self._requests: list[Any] = []
-        self.on_start: Callable[[int, int], None] | None = None  # (bucket, bytes): timeline
 
     def allocate(self, n: int) -> Any:
         return np.empty(n, dtype=self.wire)
@@ -222,8 +218,7 @@ class MpiMeanReducer:
     def start(self, number: int, views: list[Any], buf: Any) -> None:
         kernels.pack(views, buf, self.scale_before)
         self._requests.append(self.mpi_comm.Iallreduce(self._MPI.IN_PLACE, buf, self._MPI.SUM))
-        if self.on_start is not None:
-            self.on_start(number, int(buf.nbytes))
+        observers.overlap_bucket_starts(number, int(buf.nbytes))
 
     def progress(self) -> None:
         if self._requests:
@@ -277,7 +272,6 @@ class NcclMeanReducer:
             self.stream = cupy.cuda.Stream(non_blocking=True)
         # the device's one order of NCCL launches, shared with the communicator's own
         self.order = order if order is not None else launch_order(cupy, int(device.id))
-        self.on_start: Callable[[int, int], None] | None = None
 
     def allocate(self, n: int) -> Any:
         """The staging buffer, from the side stream's arena: it is packed, reduced and
@@ -303,8 +297,7 @@ class NcclMeanReducer:
                     ptr, ptr, int(buf.size), self._dtype, self._op, self.stream.ptr
                 )
                 self.order.after(self.stream)
-        if self.on_start is not None:
-            self.on_start(number, int(buf.nbytes))
+        observers.overlap_bucket_starts(number, int(buf.nbytes))
 
     def progress(self) -> None:
         """The GPU progresses on its own."""

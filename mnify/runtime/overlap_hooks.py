@@ -41,7 +41,7 @@ from typing import Any
 
 import chainer
 
-from mnify.runtime import timeline
+from mnify.runtime import observers
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators.parameters import named_params
 from mnify.runtime.debug import CallSignature
@@ -185,8 +185,6 @@ class OverlapEngine:
         self.order: list[int] = []  # plan position -> parameter index (sorted-name order)
         self.scheduler: BucketScheduler | None = None
         self.stats = OverlapStats()
-        # MNIFY_TIMELINE: (bucket, bytes, clock) of each bucket started this step
-        self._started: list[tuple[int, int, int]] = []
 
     def _device_kind(self, params: list[chainer.Parameter]) -> bool | None:
         """True: all on a GPU the communicator drives with NCCL; False: all numpy; None: neither."""
@@ -245,14 +243,6 @@ class OverlapEngine:
             self.order = channel.bcast_obj(seen + rest)
             wire = wire_dtype(self.comm, [p.array.dtype for p in step.params], on_device)
             reducer = channel.reducer(wire)
-            rec = timeline.recorder()
-            if rec is not None:
-                started, now = self._started, rec.now
-
-                def on_start(number: int, nbytes: int) -> None:
-                    started.append((number, nbytes, now()))
-
-                reducer.on_start = on_start  # type: ignore[attr-defined]
             self.scheduler = BucketScheduler(
                 [int(step.params[i].array.size) for i in self.order],
                 reducer,
@@ -265,28 +255,11 @@ class OverlapEngine:
         if dog is not None:  # the deadline starts now, not when the buckets did
             dog.start("multi_node_mean_grad", int(getattr(self.comm, "_seq", 0)))
         scheduler.wait(step.fill)
-        self._record_buckets()
+        observers.overlap_buckets_done()  # for the timeline: every started bucket is done
         self.stats.steps += 1
         self.stats.buckets = len(scheduler.buckets)
         self.stats.started_in_backward += scheduler.started_early - early_before
         self.stats.started_at_wait += scheduler.started_late - late_before
-
-    def _record_buckets(self) -> None:
-        """MNIFY_TIMELINE: one ``overlap bucket`` event per bucket, from its start (in backward,
-        or at wait) to the end of the wait that completed it (a non-blocking reduction's own
-        end is not observed). Written now, outside any collective: a few stores per bucket."""
-        rec = timeline.recorder()
-        if rec is None or not self._started:
-            self._started.clear()
-            return
-        end = rec.now()
-        name = rec.name_id("overlap bucket")
-        for number, nbytes, start in self._started:
-            rec.add(
-                timeline.Category.BUCKET, name, timeline.NO_COMM, number + 1, rec.step,
-                nbytes, -1, start, end,
-            )  # fmt: skip
-        self._started.clear()
 
     def close(self) -> None:
         for channel in self.channels.values():

@@ -6,10 +6,10 @@ launcher can only end such a job if it knows both facts, so each rank publishes 
 
 Under ``mnify run`` the launcher names a directory (``MNIFY_RANK_STATE_DIR``) and its host
 (``MNIFY_RANK_STATE_HOST``); the bootstrap calls :func:`start`, which maps a small file
-``rank-R`` in that directory. From then on the communicators' choke points write the rank's
-state into that memory: two stores around each MPI wait, no system call. Ranks on another host
-(whose directory the launcher cannot read) and processes not started by ``mnify run`` stay
-inactive, and every hook is then a test of one global.
+``rank-R`` in that directory and subscribes to the runtime's events (:mod:`mnify.runtime.observers`): from
+then on each collective's start and each wait inside MPI write the rank's state into that
+memory, two stores around each wait, no system call. Ranks on another host (whose directory
+the launcher cannot read) and processes not started by ``mnify run`` subscribe nothing.
 
 The record (80 bytes, native byte order, as the launcher runs on the same host): six 64-bit
 words, magic ``MNRS``, phase, waits begun, collective number, exit status and pid, then the
@@ -23,9 +23,14 @@ import mmap
 import os
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
+from typing import Any
+
+from mnify.runtime import observers
+from mnify.runtime.observers import Observer
 
 ENV_DIR = "MNIFY_RANK_STATE_DIR"
 ENV_HOST = "MNIFY_RANK_STATE_HOST"
@@ -129,7 +134,37 @@ class StateFile:
         self.memory.close()
 
 
+class _Publisher(Observer):
+    """Writes the runtime's events (:mod:`mnify.runtime.observers`) into the rank's record."""
+
+    def __init__(self, record: StateFile) -> None:
+        self.record = record
+
+    def collective_enters(
+        self,
+        comm: Any,
+        kind: str,
+        seq: int,
+        nbytes: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        self.record.entered(kind, seq)
+
+    def point_to_point_enters(
+        self, comm: Any, kind: str, seq: int, peer: int, args: tuple[Any, ...]
+    ) -> None:
+        self.record.entered(kind, seq)
+
+    def wait_begins(self) -> None:
+        self.record.wait_begins()
+
+    def wait_ends(self) -> None:
+        self.record.wait_ends()
+
+
 _record: StateFile | None = None
+_unsubscribe: Callable[[], None] | None = None
 
 
 def world_rank_from_env() -> int | None:
@@ -144,9 +179,10 @@ def start() -> bool:
     """Publish this rank's state if ``mnify run`` asked for it and can read it; True if so.
 
     Called once by the bootstrap, before the script runs. Child processes never call it, so a
-    worker forked or spawned by the script does not speak for the rank.
+    worker forked or spawned by the script does not speak for the rank. The record follows
+    the runtime's events through :func:`mnify.runtime.observers.subscribe`.
     """
-    global _record
+    global _record, _unsubscribe
     if _record is not None:
         return True
     directory = os.environ.get(ENV_DIR, "")
@@ -159,33 +195,19 @@ def start() -> bool:
         _record = StateFile(record_path(directory, rank))
     except OSError:
         return False
+    _unsubscribe = observers.subscribe(_Publisher(_record))
     return True
 
 
 def stop() -> None:
     """Stop publishing (the record keeps its last state)."""
-    global _record
+    global _record, _unsubscribe
+    if _unsubscribe is not None:
+        _unsubscribe()
+        _unsubscribe = None
     if _record is not None:
         _record.close()
         _record = None
-
-
-def entered(kind: str, seq: int) -> None:
-    """The rank entered collective number ``seq`` (or a point-to-point call) named ``kind``."""
-    if _record is not None:
-        _record.entered(kind, seq)
-
-
-def wait_begins() -> None:
-    """The rank is about to wait inside MPI for other ranks."""
-    if _record is not None:
-        _record.wait_begins()
-
-
-def wait_ends() -> None:
-    """The wait is over (completed or raised)."""
-    if _record is not None:
-        _record.wait_ends()
 
 
 def exiting(status: int) -> None:

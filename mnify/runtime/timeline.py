@@ -23,15 +23,12 @@ closes the event it was in.
 When the ring is full the oldest events are overwritten (``MNIFY_TIMELINE_EVENTS``, default
 131072 per rank, 96 bytes each; the file is sparse).
 
-How the hooks find the work, without touching the hot paths when recording is off:
-
-- :func:`attach`, called once by every communicator's constructor, agrees with the other ranks
-  whether all of them record (one small allreduce at construction), and if so wraps this
-  instance's public collectives and per-bucket entry points (the instance attributes shadow the
-  class's methods) and :mod:`mnify.runtime.kernels`' ``pack``/``unpack``. Without
-  ``MNIFY_TIMELINE`` nothing is wrapped: collectives run the class's methods untouched.
-- The optimizer wrappers call :func:`update_begins`, :func:`apply_begins` and
-  :func:`update_ends`: a test of one global each when recording is off.
+How the events reach the recorder, without touching the hot paths when recording is off:
+:func:`attach`, called once by every communicator's constructor, agrees with the other ranks
+whether all of them record (one small allreduce at construction), and if so subscribes the
+recorder's :class:`TimelineObserver` to the runtime's events (:mod:`mnify.runtime.observers`:
+the communicators' calls and buckets, the pack/unpack kernels, the optimizers' updates).
+Without ``MNIFY_TIMELINE`` nobody subscribes: each publishing point is a test of an empty list.
 
 Clocks: events carry this rank's ``time.perf_counter_ns()`` (:data:`clock`). When a communicator
 is attached, its rank 0 exchanges timestamps with each other rank (the round trip with the
@@ -39,15 +36,14 @@ shortest time wins) and each rank stores its clock's offset from rank 0's and th
 (half of it bounds the error); the merge removes the offsets.
 
 Only the outermost collective of a nested call is recorded (``allreduce_grad`` calls
-``multi_node_mean_grad``); collectives from several threads at once are not supported (MPI's
-own thread level rarely allows them either). Nothing here imports Chainer; mpi4py and numpy
-only when a communicator is attached.
+``multi_node_mean_grad``), numbered by the communicator's own count; collectives from several
+threads at once are not supported (MPI's own thread level rarely allows them either). Nothing
+here imports Chainer; mpi4py and numpy only when a communicator is attached.
 """
 
 from __future__ import annotations
 
 import atexit
-import functools
 import hashlib
 import json
 import mmap
@@ -56,13 +52,14 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from mnify.runtime.communicators.marks import collective_names
+from mnify.runtime import observers
+from mnify.runtime.observers import Observer, payload_bytes
 
 ENV_DIR = "MNIFY_TIMELINE"
 ENV_EVENTS = "MNIFY_TIMELINE_EVENTS"
@@ -107,14 +104,14 @@ class Category(IntEnum):
     UPDATE = 6  # the multi-node optimizer's update()
     APPLY = 7  # the wrapped optimizer applying the averaged gradients
     DEVICE = 8  # GPU time of a span (aux: the category of the host span it times)
+    # recorded only under ``mnify scale`` (:mod:`mnify.runtime.scale_probe`)
+    STEP = 9  # one optimizer update as update_watch sees it (seq: its index, from 1)
+    DATA = 10  # an iterator's ``next`` (aux: examples in the batch, -1 if unknown)
+    EXTENSION = 11  # a Trainer extension's call (name: the extension's)
+    RANK0 = 12  # a block of the script guarded by ``rank == 0`` (a rank-0-only branch)
 
 
-# The collectives are the communicator's own marked methods (communicators/marks.py); these are
-# the point-to-point ones. tests/timeline checks both against the methods that enter a collective.
-POINT_TO_POINT = ("recv", "recv_obj", "send", "send_obj")
-# per-bucket entry points: name -> index of the argument whose .nbytes is the bucket's size
-BUCKET_METHODS = {"_allreduce_into": 1, "_shared_mean": 2}
-# collectives whose payload is a model's parameters (bytes counted once per model)
+# collectives whose payload is a model's parameters (their GPU time is always timed)
 _MODEL_COLLECTIVES = frozenset(
     {"allreduce_grad", "bcast_data", "broadcast_data", "multi_node_mean_grad"}
 )
@@ -185,7 +182,6 @@ class Recorder:
         # state the hooks share
         self.step = 0  # optimizer updates finished (or skipped) so far
         self.depth = 0  # inside a recorded collective
-        self.in_bucket = False
         self.bucket = 0  # number of the current bucket in the current collective
         self.comm = NO_COMM  # the current collective's communicator and number
         self.seq = 0
@@ -443,7 +439,7 @@ class DeviceSpans:
 
 _recorder: Recorder | None = None  # recording: a communicator's ranks all agreed to
 _made: Recorder | None = None  # the file, made before the ranks compared notes
-_kernels_wrapped = False
+_observer: TimelineObserver | None = None  # subscribed once the first communicator attached
 _comm_keys: dict[str, int] = {}  # communicators made so far per set of world ranks
 _comm_count = 0
 
@@ -453,25 +449,9 @@ def recorder() -> Recorder | None:
     return _recorder
 
 
-def update_begins() -> None:
-    """The multi-node optimizer's ``update`` began (its forward, backward and averaging follow)."""
-    rec = _recorder
-    if rec is not None:
-        rec.update_begins()
-
-
-def apply_begins() -> None:
-    """The wrapped optimizer is about to apply the averaged gradients."""
-    rec = _recorder
-    if rec is not None:
-        rec.apply_begins()
-
-
-def update_ends() -> None:
-    """The update is over: the step count goes up by one."""
-    rec = _recorder
-    if rec is not None:
-        rec.update_ends()
+def observes(comm: Any) -> bool:
+    """Whether this process records ``comm``'s collectives."""
+    return _observer is not None and _observer.observes(comm)
 
 
 def _make(directory: str, rank: int, size: int, host: str) -> Recorder | None:
@@ -524,12 +504,14 @@ def attach(comm: Any) -> bool:
             )
         return False
     assert rec is not None
-    global _recorder
+    global _recorder, _observer
     _recorder = rec
     comm_id, members = _register(rec, comm, mpi_comm)
     _sync_clock(rec, mpi_comm, comm_id, members[0])
-    _wrap_communicator(rec, comm, comm_id)
-    _wrap_kernels(rec)
+    if _observer is None:
+        _observer = TimelineObserver(rec)
+        observers.subscribe(_observer)
+    _observer.add_comm(comm, comm_id)
     return True
 
 
@@ -634,19 +616,17 @@ def _device_spans(rec: Recorder) -> DeviceSpans | None:
         return None
 
 
-# -- wrappers -----------------------------------------------------------------------------------
+# -- the observer ---------------------------------------------------------------------------------
 
 
 class _CommState:
-    """What the wrappers of one communicator share."""
+    """What the timeline knows of one attached communicator."""
 
-    __slots__ = ("comm", "comm_id", "seq", "model_bytes", "device", "checked")
+    __slots__ = ("comm", "comm_id", "device", "checked")
 
     def __init__(self, comm: Any, comm_id: int) -> None:
         self.comm = comm
         self.comm_id = comm_id
-        self.seq = 0  # collectives entered so far (the same number on every rank)
-        self.model_bytes: dict[int, int] = {}
         self.device: DeviceSpans | None = None
         self.checked = False  # whether the communicator was looked at for a GPU
 
@@ -664,216 +644,183 @@ class _CommState:
         return self.device
 
 
-def _payload_bytes(args: tuple[Any, ...]) -> int:
-    """Bytes of a collective's array argument (an array or a list of arrays); 0 for objects."""
-    if not args:
-        return 0
-    x = args[0]
-    n = getattr(x, "nbytes", None)
-    if isinstance(n, int):
-        return n
-    if isinstance(x, list | tuple):
-        return sum(int(getattr(a, "nbytes", 0) or 0) for a in x)
-    return 0
+class _Call:
+    """The collective or point-to-point call in progress (only the outermost is published)."""
+
+    __slots__ = ("at", "cat", "name", "comm_id", "seq", "nbytes", "device", "started", "stream")
+
+    def __init__(
+        self, at: int, cat: Category, name: int, comm_id: int, seq: int, nbytes: int
+    ) -> None:
+        self.at, self.cat, self.name, self.comm_id = at, cat, name, comm_id
+        self.seq, self.nbytes = seq, nbytes
+        self.device: DeviceSpans | None = None
+        self.started: Any = None
+        self.stream: Any = None
 
 
-def _model_bytes(state: _CommState, model: Any) -> int:
-    """Bytes of a model's parameters, counted once per model object."""
-    key = id(model)
-    found = state.model_bytes.get(key)
-    if found is None:
-        try:
-            found = sum(
-                int(getattr(getattr(p, "data", None), "nbytes", 0) or 0)
-                for _, p in model.namedparams()
-            )
-        except Exception:
-            found = 0
-        state.model_bytes[key] = found
-    return found
+class TimelineObserver(Observer):
+    """Writes the runtime's events (:mod:`mnify.runtime.observers`) into the recorder: the
+    attached communicators' calls, the buckets inside them, every pack/unpack, the updates."""
 
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.comms: dict[int, _CommState] = {}
+        self.call: _Call | None = None
+        self._bucket_depth = 0
+        self._bucket_start = 0
+        self._bucket_number = 0
+        self._kernel: tuple[int, Any] | None = None
+        self._overlap: list[tuple[int, int, int]] = []  # (bucket, bytes, start) this step
+        self._bucket_name = rec.name_id("bucket")
 
-def _wrap_communicator(rec: Recorder, comm: Any, comm_id: int) -> None:
-    state = _CommState(comm, comm_id)
-    collectives = sorted(collective_names(type(comm)))
-    for names, cat in ((collectives, Category.COLLECTIVE), (POINT_TO_POINT, Category.P2P)):
-        for name in names:
-            method = getattr(comm, name, None)
-            if method is not None:
-                setattr(comm, name, _collective(rec, state, name, method, cat))
-    for name, index in BUCKET_METHODS.items():
-        method = getattr(comm, name, None)
-        if method is not None:
-            setattr(comm, name, _bucket(rec, comm_id, method, index))
-    shm = getattr(comm, "_shm", None)
-    if shm is not None and hasattr(shm, "mean_buckets"):
-        shm.mean_buckets = _pipelined(rec, comm_id, shm.mean_buckets)
-    single = getattr(comm, "_single_copy", None)
-    if single is not None:  # each chunk of its share: a bucket of argument 0 bytes
-        single._chunk = _bucket(rec, comm_id, single._chunk, 0)
+    def add_comm(self, comm: Any, comm_id: int) -> None:
+        self.comms[id(comm)] = _CommState(comm, comm_id)
 
+    def observes(self, comm: Any) -> bool:
+        state = self.comms.get(id(comm))
+        return state is not None and state.comm is comm
 
-def _peer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """The other rank of a send (``dest``, second argument) or receive (``source``, first)."""
-    if name.startswith("recv"):
-        peer = args[0] if args else kwargs.get("source", -1)
-    else:
-        peer = args[1] if len(args) > 1 else kwargs.get("dest", -1)
-    return peer if isinstance(peer, int) else -1
+    def _state(self, comm: Any) -> _CommState | None:
+        state = self.comms.get(id(comm))
+        return state if state is not None and state.comm is comm else None
 
+    # calls
 
-def _collective(
-    rec: Recorder,
-    state: _CommState,
-    name: str,
-    method: Callable[..., Any],
-    cat: Category,
-) -> Callable[..., Any]:
-    name_id = rec.name_id(name)
-    p2p = cat == Category.P2P
-    models = name in _MODEL_COLLECTIVES
-    comm_id = state.comm_id
-
-    def collective(*args: Any, **kwargs: Any) -> Any:
-        if rec.depth:
-            return method(*args, **kwargs)
-        rec.depth = 1
-        if p2p:
-            seq, aux = state.seq, _peer(name, args, kwargs)
-        else:
-            state.seq += 1
-            seq, aux = state.seq, -1
-        nbytes = _model_bytes(state, args[0]) if models and args else _payload_bytes(args)
-        rec.comm, rec.seq, rec.bucket = comm_id, seq, 0
-        at = rec.open(cat, name_id, comm_id, seq, nbytes, aux)
+    def collective_enters(
+        self,
+        comm: Any,
+        kind: str,
+        seq: int,
+        nbytes: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        state = self._state(comm)
+        if state is None:
+            return
+        rec = self.rec
+        name = rec.name_id(kind)
+        call = self._open(state, Category.COLLECTIVE, name, seq, nbytes, -1)
         device = state.device if state.checked else state.device_spans(rec)
-        if device is not None and not (models or _device_payload(args)):
-            device = None  # host data (objects, a barrier): nothing of it runs on the GPU
-        started = device.begin(kwargs.get("stream")) if device is not None else None
-        try:
-            result = method(*args, **kwargs)
-            if p2p and name == "recv":
-                rec.set_bytes(at, int(getattr(result, "nbytes", 0) or 0))
-            return result
-        except BaseException:
-            rec.flag(at, FLAG_ERROR)
-            raise
-        finally:
-            rec.close(at)
-            rec.depth = 0
-            rec.comm = NO_COMM
-            if rec.inner:
-                rec.flush_inner()
-            if started is not None and device is not None:
-                device.end(started, kwargs.get("stream"), cat, name_id, comm_id, seq, nbytes)
-                device.poll()
+        if device is not None and (kind in _MODEL_COLLECTIVES or _device_payload(args)):
+            call.device, call.stream = device, kwargs.get("stream")
+            call.started = device.begin(call.stream)
 
-    return functools.update_wrapper(collective, method)
+    def point_to_point_enters(
+        self, comm: Any, kind: str, seq: int, peer: int, args: tuple[Any, ...]
+    ) -> None:
+        state = self._state(comm)
+        if state is not None:
+            self._open(
+                state, Category.P2P, self.rec.name_id(kind), seq, payload_bytes(kind, args), peer
+            )
 
+    def _open(
+        self, state: _CommState, cat: Category, name: int, seq: int, nbytes: int, aux: int
+    ) -> _Call:
+        rec = self.rec
+        rec.depth, rec.comm, rec.seq, rec.bucket = 1, state.comm_id, seq, 0
+        at = rec.open(cat, name, state.comm_id, seq, nbytes, aux)
+        self._bucket_number = 0
+        self.call = _Call(at, cat, name, state.comm_id, seq, nbytes)
+        return self.call
 
-def _bucket(
-    rec: Recorder, comm_id: int, method: Callable[..., Any], index: int
-) -> Callable[..., Any]:
-    """One bucket's reduction (``_allreduce_into``, ``_shared_mean``, a single-copy chunk): the
-    bucket's size is argument ``index`` (an array's ``nbytes``, or an int)."""
-    name_id = rec.name_id("bucket")
-    now = rec.now
+    def collective_leaves(self, comm: Any, kind: str, seq: int, failed: bool, result: Any) -> None:
+        self._close(failed)
 
-    def bucket(*args: Any, **kwargs: Any) -> Any:
-        if rec.in_bucket:
-            return method(*args, **kwargs)
-        rec.in_bucket = True
-        rec.bucket += 1
-        number = rec.bucket
-        flags = 0
-        start = now()
-        try:
-            return method(*args, **kwargs)
-        except BaseException:
-            flags = FLAG_ERROR
-            raise
-        finally:
-            end = now()
-            size = args[index] if len(args) > index else 0
-            nbytes = size if isinstance(size, int) else int(getattr(size, "nbytes", 0))
-            rec.later(Category.BUCKET, name_id, comm_id, number, nbytes, rec.seq, start, end, flags)
-            rec.in_bucket = False
+    def point_to_point_leaves(
+        self, comm: Any, kind: str, seq: int, failed: bool, result: Any
+    ) -> None:
+        if self.call is not None and kind == "recv" and not failed:
+            self.rec.set_bytes(self.call.at, int(getattr(result, "nbytes", 0) or 0))
+        self._close(failed)
 
-    return functools.update_wrapper(bucket, method)
+    def _close(self, failed: bool) -> None:
+        call, rec = self.call, self.rec
+        if call is None:
+            return
+        self.call = None
+        if failed:
+            rec.flag(call.at, FLAG_ERROR)
+        rec.close(call.at)
+        rec.depth = 0
+        rec.comm = NO_COMM
+        if rec.inner:
+            rec.flush_inner()
+        if call.device is not None and call.started is not None:
+            call.device.end(
+                call.started, call.stream, call.cat, call.name, call.comm_id, call.seq, call.nbytes
+            )
+            call.device.poll()
 
+    # inside a call
 
-def _pipelined(rec: Recorder, comm_id: int, method: Callable[..., Any]) -> Callable[..., Any]:
-    """The shared-memory reducer's ``mean_buckets(buckets, ...)``: it takes bucket k + 1 from
-    the iterable once it has published and reduced its share of bucket k, so bucket k's span
-    runs from taking it to taking the next (the last one's to the return)."""
-    name_id = rec.name_id("bucket")
-    now = rec.now
+    def bucket_begins(self, nbytes: int) -> None:
+        if self.call is None:
+            return
+        self._bucket_depth += 1
+        if self._bucket_depth == 1:  # only the outermost of nested buckets
+            self._bucket_number += 1
+            self.rec.bucket = self._bucket_number
+            self._bucket_start = self.rec.now()
 
-    def follow(buckets: Iterable[Any], marks: list[tuple[int, int, int]]) -> Iterator[Any]:
-        for item in buckets:
-            rec.bucket += 1
-            marks.append((now(), rec.bucket, int(getattr(item[1], "nbytes", 0))))
-            yield item
+    def bucket_ends(self, nbytes: int, failed: bool) -> None:
+        if self.call is None or not self._bucket_depth:
+            return
+        self._bucket_depth -= 1
+        if self._bucket_depth == 0:
+            rec, call = self.rec, self.call
+            rec.later(
+                Category.BUCKET, self._bucket_name, call.comm_id, self._bucket_number, nbytes,
+                call.seq, self._bucket_start, rec.now(), FLAG_ERROR if failed else 0,
+            )  # fmt: skip
 
-    def mean_buckets(buckets: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
-        if rec.in_bucket:
-            return method(buckets, *args, **kwargs)
-        rec.in_bucket = True
-        marks: list[tuple[int, int, int]] = []
-        flags = 0
-        try:
-            return method(follow(buckets, marks), *args, **kwargs)
-        except BaseException:
-            flags = FLAG_ERROR
-            raise
-        finally:
-            end = now()
-            for k, (start, number, nbytes) in enumerate(marks):
-                last = k + 1 == len(marks)
-                stop = end if last else marks[k + 1][0]
-                rec.later(
-                    Category.BUCKET, name_id, comm_id, number, nbytes, rec.seq, start, stop,
-                    flags if last else 0,
-                )  # fmt: skip
-            rec.in_bucket = False
+    def kernel_begins(self, kind: str, buffer: Any) -> None:
+        device = self.rec.device
+        started = device.begin(None) if device is not None and _on_device(buffer) else None
+        self._kernel = (self.rec.now(), started)
 
-    return functools.update_wrapper(mean_buckets, method)
+    def kernel_ends(self, kind: str, buffer: Any) -> None:
+        if self._kernel is None:
+            return
+        start, started = self._kernel
+        self._kernel = None
+        rec = self.rec
+        end = rec.now()
+        cat = Category.PACK if kind == "pack" else Category.UNPACK
+        name = rec.name_id(kind)
+        nbytes = int(getattr(buffer, "nbytes", 0))
+        rec.later(cat, name, rec.comm, rec.seq, nbytes, rec.bucket, start, end)
+        if started is not None and rec.device is not None:
+            rec.device.end(started, None, cat, name, rec.comm, rec.seq, nbytes)
 
+    def overlap_bucket_starts(self, number: int, nbytes: int) -> None:
+        self._overlap.append((number, nbytes, self.rec.now()))
 
-def _wrap_kernels(rec: Recorder) -> None:
-    """Time :mod:`mnify.runtime.kernels`' ``pack`` and ``unpack`` (process-wide, once)."""
-    global _kernels_wrapped
-    if _kernels_wrapped:
-        return
-    from mnify.runtime import kernels
+    def overlap_buckets_done(self) -> None:
+        """One ``overlap bucket`` event per bucket, from its start (in backward, or at wait) to
+        the end of the wait that completed it (a non-blocking reduction's own end is not
+        observed). Written now, outside any collective: a few stores per bucket."""
+        if not self._overlap:
+            return
+        rec = self.rec
+        end = rec.now()
+        name = rec.name_id("overlap bucket")
+        for number, nbytes, start in self._overlap:
+            rec.add(Category.BUCKET, name, NO_COMM, number + 1, rec.step, nbytes, -1, start, end)
+        self._overlap.clear()
 
-    kernels.pack = _kernel(rec, Category.PACK, "pack", kernels.pack, 1)  # type: ignore[method-assign]
-    kernels.unpack = _kernel(rec, Category.UNPACK, "unpack", kernels.unpack, 0)  # type: ignore[method-assign]
-    _kernels_wrapped = True
+    # the optimizer
 
+    def update_begins(self, optimizer: Any) -> None:
+        self.rec.update_begins()
 
-def _kernel(
-    rec: Recorder, cat: Category, name: str, fn: Callable[..., Any], buffer: int
-) -> Callable[..., Any]:
-    """``fn(a, b, ...)`` recorded; ``buffer`` is the index of the staging buffer's argument."""
-    name_id = rec.name_id(name)
-    now = rec.now
+    def apply_begins(self, optimizer: Any) -> None:
+        self.rec.apply_begins()
 
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        staged = args[buffer]
-        device = rec.device
-        started = device.begin(None) if device is not None and _on_device(staged) else None
-        start = now()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            end = now()
-            nbytes = int(getattr(staged, "nbytes", 0))
-            rec.later(cat, name_id, rec.comm, rec.seq, nbytes, rec.bucket, start, end)
-            if started is not None and device is not None:
-                device.end(started, None, cat, name_id, rec.comm, rec.seq, nbytes)
-
-    return functools.update_wrapper(kernel, fn)
+    def update_ends(self, optimizer: Any) -> None:
+        self.rec.update_ends()
 
 
 def _on_device(x: Any) -> bool:
@@ -990,6 +937,7 @@ def read_file(path: str | os.PathLike[str]) -> RankTimeline:
             process = item
         elif kind == "warning":
             warnings.append(str(item.get("message", "")))
+
     events: list[Event] = []
     # when the ring has wrapped, the oldest slot may be the one a killed writer was overwriting
     first = max(0, head - capacity + 1) if head >= capacity else 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mnify.launch.early_exit import EarlyExitWatch
-from mnify.runtime import rank_state
+from mnify.runtime import observers, rank_state
 from mnify.runtime.rank_state import Phase, StateFile, read_record, record_path
 
 
@@ -28,8 +28,10 @@ def test_a_rank_publishes_entering_waiting_and_exiting(published: Path) -> None:
     path = record_path(published, 2)
     record = read_record(path, 2)
     assert record is not None and (record.phase, record.pid) == (Phase.RUNNING, os.getpid())
-    rank_state.entered("allreduce", 7)
-    rank_state.wait_begins()
+    # what a communicator publishes when it enters collective 7 and waits in MPI
+    (publisher,) = observers.subscribers()
+    publisher.collective_enters(None, "allreduce", 7, 0, (), {})
+    observers.wait_begins()
     record = read_record(path, 2)
     assert record is not None
     assert (record.phase, record.kind, record.seq, record.waits) == (
@@ -38,7 +40,7 @@ def test_a_rank_publishes_entering_waiting_and_exiting(published: Path) -> None:
         7,
         1,
     )
-    rank_state.wait_ends()
+    observers.wait_ends()
     rank_state.exiting(3)
     record = read_record(path, 2)
     assert record is not None and (record.phase, record.status) == (Phase.EXITING, 3)
@@ -49,8 +51,8 @@ def test_nothing_is_published_for_another_host(
 ) -> None:
     monkeypatch.setenv(rank_state.ENV_HOST, "some-other-host")
     assert not rank_state.start()
-    rank_state.wait_begins()  # inactive hooks do nothing
-    assert list(published.iterdir()) == []
+    observers.wait_begins()  # nobody subscribed: nothing is written
+    assert list(published.iterdir()) == [] and observers.subscribers() == ()
 
 
 def records(tmp_path: Path, n: int) -> list[StateFile]:

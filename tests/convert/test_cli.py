@@ -196,3 +196,48 @@ def test_color_on_request(script: Path) -> None:
     code, out, _ = _run("--color", str(script))
     assert code == 0
     assert "\x1b[" in out and "create_communicator" in out
+
+
+EXAMPLE_MNIST = Path(__file__).resolve().parents[2] / "examples" / "mnist" / "train_mnist.py"
+
+
+def _after_summary(err: str) -> list[str]:
+    lines = err.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("mnify convert: "))
+    return lines[at + 1 :]
+
+
+def test_closing_lines_point_to_verify_weak_scaling(tmp_path: Path) -> None:
+    """Weak scaling of examples/mnist: the batch, what happens to epochs, the count of items
+    needing a person, and the verify command on the written file; three lines at most."""
+    out_file = tmp_path / "train_mnist_mn.py"
+    code, _, err = _run(str(EXAMPLE_MNIST), "-o", str(out_file))
+    assert code == 0
+    people = sum(line.startswith("needs a person: ") for line in err.splitlines())
+    assert _after_summary(err) == [
+        "batch: args.batchsize per rank, args.batchsize * comm.size global (weak scaling): on N "
+        "ranks an epoch takes 1/N of the iterations; nothing here counts iterations",
+        f"{people} item(s) need a person (listed above)",
+        f"next: mnify run -n 2 --verify {out_file} [ARGS...]",
+    ]
+
+
+def test_closing_lines_strong_scaling_and_iteration_schedules(tmp_path: Path) -> None:
+    source = tmp_path / "train.py"
+    source.write_text(
+        MNIST.read_text().replace("(args.epoch, 'epoch')", "(1000, 'iteration')"),
+        encoding="utf-8",
+    )
+    assert "(1000, 'iteration')" in source.read_text()
+    _, _, weak = _run(str(source), "-o", str(tmp_path / "weak.py"))
+    assert _after_summary(weak)[0].endswith(
+        "; 1 schedule(s) counted in iterations now cover N times the examples (see the report)"
+    )
+    _, _, strong = _run("--scaling", "strong", str(source), "-o", str(tmp_path / "strong.py"))
+    closing = _after_summary(strong)
+    assert len(closing) == 3
+    assert closing[0] == (
+        "batch: args.batchsize global as written, args.batchsize // comm.size per rank "
+        "(--scaling strong): epochs and iteration-counted schedules keep their meaning"
+    )
+    assert closing[2] == f"next: mnify run -n 2 --verify {tmp_path / 'strong.py'} [ARGS...]"

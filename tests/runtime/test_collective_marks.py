@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mnify import vocabulary as vocab
+from mnify.runtime import observers
 from mnify.runtime.communicators import NAMES, communicator_class
 from mnify.runtime.communicators.base import CommunicatorBase
 from mnify.runtime.communicators.marks import collective, collective_names
@@ -83,12 +84,35 @@ def test_a_public_method_is_marked_exactly_when_it_enters_a_collective(cls: type
         )
 
 
-def test_the_mark_leaves_the_method_as_it_was() -> None:
+def test_the_mark_keeps_what_the_method_does_and_publishes_it() -> None:
     def method(self: object, x: int) -> int:
         return x
 
-    assert collective(method) is method
-    assert collective_names(type("C", (), {"m": method, "n": lambda self: 0})) == {"m"}
+    marked = collective(method)
+    assert marked.__wrapped__ is method and marked.__name__ == "method"  # type: ignore[attr-defined]
+    assert collective_names(type("C", (), {"m": marked, "n": lambda self: 0})) == {"m"}
+
+    class Comm:
+        _seq = 4
+        m = marked
+
+    assert Comm().m(3) == 3  # nobody watches: the method's own result
+
+    class Seen(observers.Observer):
+        calls: list[tuple[str, int, bool]] = []
+
+        def collective_enters(self, comm: object, kind: str, seq: int, *rest: object) -> None:
+            self.calls.append((kind, seq, False))
+
+        def collective_leaves(self, comm: object, kind: str, seq: int, *rest: object) -> None:
+            self.calls.append((kind, seq, True))
+
+    unsubscribe = observers.subscribe(Seen())
+    try:
+        assert Comm().m(5) == 5
+    finally:
+        unsubscribe()
+    assert Seen.calls == [("method", 5, False), ("method", 5, True)]
     assert "barrier" in collective_names(CommunicatorBase)
     assert "send" not in collective_names(CommunicatorBase)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mnify.runtime import timeline
+from mnify.runtime import observers, timeline
 from mnify.runtime.timeline import Category, Recorder, TimelineFileError, read_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -236,12 +236,12 @@ def test_pending_device_spans_are_bounded(tmp_path: Path) -> None:
     assert len(spans._pending) == 3 and read_file(rec.path).dropped_device == 2
 
 
-# -- what attach wraps --------------------------------------------------------------------------
+# -- what the communicators publish ----------------------------------------------------------
 
 
 def _entering_methods() -> dict[str, str]:
     """Public communicator methods that enter a collective (``self._enter``) or a
-    point-to-point call (``self._enter_p2p``), or call another public one."""
+    point-to-point call (``self._enter_p2p``)."""
     found: dict[str, str] = {}
     for path in sorted((REPO / "mnify/runtime/communicators").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -261,21 +261,46 @@ def _entering_methods() -> dict[str, str]:
     return found
 
 
-def test_every_collective_and_point_to_point_method_is_wrapped() -> None:
+def test_every_collective_and_point_to_point_method_publishes() -> None:
+    from mnify.runtime.communicators import NAMES, communicator_class
     from mnify.runtime.communicators.base import CommunicatorBase
     from mnify.runtime.communicators.marks import collective_names
+    from mnify.runtime.observers import point_to_point_names
 
-    collectives = collective_names(CommunicatorBase)  # what the timeline wraps
     entering = _entering_methods()
     assert entering, "no communicator method enters a collective: the scan is broken"
-    for name, how in entering.items():
-        wanted = timeline.POINT_TO_POINT if how == "_enter_p2p" else collectives
-        assert name in wanted, f"{name} enters a collective but the timeline does not wrap it"
-    for name in (*collectives, *timeline.POINT_TO_POINT, *timeline.BUCKET_METHODS):
-        assert callable(getattr(CommunicatorBase, name, None)), name
+    classes = [CommunicatorBase, *(communicator_class(n) for n in NAMES if n != "auto")]
+    for cls in classes:
+        collectives, p2p = collective_names(cls), point_to_point_names(cls)
+        assert p2p == {"recv", "recv_obj", "send", "send_obj"}
+        for name, how in entering.items():
+            if not hasattr(cls, name):
+                continue
+            wanted = p2p if how == "_enter_p2p" else collectives
+            assert name in wanted, f"{cls.__name__}.{name} enters a collective, publishes nothing"
 
 
-def test_without_the_variable_nothing_is_wrapped(monkeypatch: pytest.MonkeyPatch) -> None:
+class _Everything(observers.Observer):
+    """Counts what is published."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def collective_enters(self, comm: Any, kind: str, seq: int, nbytes: int, *rest: Any) -> None:
+        self.seen.append(f"{kind}#{seq}:{nbytes}")
+
+    def bucket_begins(self, nbytes: int) -> None:
+        self.seen.append("bucket")
+
+    def kernel_begins(self, kind: str, buffer: Any) -> None:
+        self.seen.append(kind)
+
+
+def test_without_the_variable_nothing_is_installed_or_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import numpy as np
+
     from mnify.runtime import kernels
     from mnify.runtime.communicators import create_communicator
     from mnify.runtime.communicators.marks import collective_names
@@ -284,8 +309,19 @@ def test_without_the_variable_nothing_is_wrapped(monkeypatch: pytest.MonkeyPatch
     pack = kernels.pack
     comm = create_communicator("flat")
     try:
-        wrapped = set(vars(comm)) & {*collective_names(type(comm)), *timeline.POINT_TO_POINT}
-        assert not wrapped and "_allreduce_into" not in vars(comm)
+        comm.allreduce(np.ones(4, dtype=np.float32))
+        names = {*collective_names(type(comm)), "send", "recv", "_allreduce_into"}
+        assert not set(vars(comm)) & names  # no instance attribute shadows a method
         assert kernels.pack is pack and timeline.recorder() is None
+        assert observers.subscribers() == () and not timeline.observes(comm)
+        # what a subscriber would have been told: the same calls publish once one is there
+        seen = _Everything()
+        unsubscribe = observers.subscribe(seen)
+        try:
+            comm.allreduce(np.ones(4, dtype=np.float32))
+        finally:
+            unsubscribe()
+        assert seen.seen == [f"allreduce#{comm._seq}:16", "bucket"]
+        assert observers.subscribers() == ()
     finally:
         comm.finalize()

@@ -19,9 +19,11 @@ from tests.cli_run.console import MNIFY, mnify_run
 pytestmark = pytest.mark.mpi
 
 TRAIN = Path(__file__).parent / "scripts" / "train.py"
+BREAKDOWN = re.compile(r"^mnify run: timeline: rank (\d+) step (\d+\.\d) ms: compute ", re.M)
+BREAKDOWN_TIMELINE = re.compile(r"^mnify timeline: rank (\d+) step (\d+\.\d) ms: ", re.M)
 STRAGGLER = re.compile(
-    r"^mnify run: straggler: rank (\d+) arrived last at (\d+)% of collectives, "
-    r"(\d+\.\d) ms late on average$",
+    r"^mnify run: straggler: rank (\d+) was the last rank at (\d+)% of steps, "
+    r"(\d+\.\d) ms late per step on average$",
     re.M,
 )
 
@@ -59,6 +61,9 @@ def test_the_slow_rank_is_named_within_50_steps(slow_rank_run: dict[str, Any]) -
     assert set(entry) == {"rank", "late_fraction", "mean_late_ms"}
     assert entry["rank"] == 2 and 0.5 <= entry["late_fraction"] <= 1.0
     assert entry["mean_late_ms"] >= 5.0
+    # where each rank's step goes, the account mnify scale gives (rank 2 computes longer)
+    steps = {int(m[0]): float(m[1]) for m in BREAKDOWN.findall(proc.stderr)}
+    assert sorted(steps) == [0, 1, 2], proc.stderr
     # the rank files are gone once every rank's are merged
     assert not (slow_rank_run["where"] / "trace.json.ranks").exists()
 
@@ -88,8 +93,9 @@ def test_mnify_timeline_reports_the_trace(slow_rank_run: dict[str, Any]) -> None
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "mnify timeline: straggler: rank 2 arrived last at" in proc.stdout
+    assert "mnify timeline: straggler: rank 2 was the last rank at" in proc.stdout
     assert proc.stdout.splitlines()[0].startswith("3 ranks, ")
+    assert len(BREAKDOWN_TIMELINE.findall(proc.stdout)) == 3  # a step's account per rank
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(slow_rank_run: dict[str, Any]) -> None:

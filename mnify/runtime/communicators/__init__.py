@@ -17,12 +17,15 @@
   and measured faster, see bench/allreduce.py).
 
 Creating any communicator installs :mod:`mnify.runtime.excepthook`'s exception hook, so one rank's
-uncaught exception ends the whole job. Nothing here imports Chainer; CuPy only when asked for.
+uncaught exception ends the whole job; with ``MNIFY_VERIFY=K`` set (``mnify run --verify``) it
+also starts :mod:`mnify.runtime.verify`. Nothing here imports Chainer (verification aside);
+CuPy only when asked for.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from mpi4py import MPI
@@ -120,6 +123,10 @@ def create_communicator(
     )
     global _current
     _current = made
+    if os.environ.get("MNIFY_VERIFY"):  # mnify run --verify, or MNIFY_VERIFY=K by hand
+        from mnify.runtime.verify import start_if_requested
+
+        start_if_requested()
     return made
 
 

@@ -21,7 +21,7 @@ from mnify.runtime import debug, timeline
 from mnify.runtime.communicators import compression, shared_memory, single_copy
 from mnify.runtime.communicators.buckets import PlanCache
 from mnify.runtime.communicators.collectives import Collectives
-from mnify.runtime.communicators.marks import collective
+from mnify.runtime.communicators.marks import collective, mark_overrides
 from mnify.runtime.communicators.mean_grad import GradientMean
 from mnify.runtime.communicators.shared_memory import SharedMemoryReducer
 from mnify.runtime.communicators.single_copy import SingleCopyReducer
@@ -46,6 +46,10 @@ class CommunicatorBase(Collectives, GradientMean):
     name: ClassVar[str] = "base"
     # average gradient buckets through a shared segment when all ranks share one host
     uses_shared_memory: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        mark_overrides(cls)  # an override of a collective publishes to the observers too
 
     def __init__(
         self,
@@ -97,7 +101,7 @@ class CommunicatorBase(Collectives, GradientMean):
                 "equal rank counts has); gradients cross hosts in full precision",
                 stacklevel=3,
             )
-        # MNIFY_TIMELINE: when every rank records, this instance's collectives are wrapped
+        # MNIFY_TIMELINE: when every rank records, the timeline observes this instance
         timeline.attach(self)
 
     @property

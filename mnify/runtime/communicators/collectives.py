@@ -33,7 +33,7 @@ class Collectives(Transport):
         self._enter(CallSignature.of("allreduce", [host], op=op))
         wire = arr.reduction_dtype(host.dtype)
         buf = np.array(host, dtype=wire, order="C", copy=True)
-        self._allreduce_into(buf, buf, mpi_op)
+        self._allreduce_bucket(buf, buf, mpi_op)
         out = buf.astype(host.dtype, copy=False)
         return arr.like(out, x)
 

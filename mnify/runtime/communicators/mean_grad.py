@@ -5,7 +5,7 @@ per bucket, the 1/size of a mean fused into packing or unpacking; on one host bu
 averaged through a shared-memory segment instead of MPI, or, without any staging, by single copy
 between the ranks' own arrays (:mod:`~mnify.runtime.communicators.single_copy`), whichever the
 first calls measure faster (:mod:`~mnify.runtime.communicators.path_choice`). Subclasses choose how one bucket is
-all-reduced (``_allreduce_into``) or the whole reduction (:meth:`GradientMean._reduce_arrays`).
+all-reduced (``_allreduce_into``, published as a bucket by ``_allreduce_bucket``) or the whole reduction (:meth:`GradientMean._reduce_arrays`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mnify.runtime import kernels
+from mnify.runtime import kernels, observers
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators import shared_memory
 from mnify.runtime.communicators import single_copy as single_copy_module
@@ -63,13 +63,14 @@ class GradientMean(Transport):
         elif shm is not None:
             plan = self._plans.get(arrays, wire, shm.slot_bytes, tag="shared")
             for views, buf in plan.pieces(flats):
-                self._shared_mean(shm, views, buf, scale)
+                with observers.bucket(buf.nbytes):
+                    self._shared_mean(shm, views, buf, scale)
         else:
             # over MPI, packing costs two extra passes: only small arrays are worth it
             plan = self._plans.get(
                 arrays, wire, self.bucket_bytes, tag="mpi", own_bucket_bytes=OWN_BUCKET_BYTES
             )
-            plan.run(flats, lambda buf: self._allreduce_into(buf, buf, MPI.SUM), scale)
+            plan.run(flats, lambda buf: self._allreduce_bucket(buf, buf, MPI.SUM), scale)
         flush()
 
     def _segment_mean(

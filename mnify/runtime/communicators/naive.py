@@ -23,10 +23,10 @@ class NaiveCommunicator(CommunicatorBase):
         for a in arrays:
             wire = arr.reduction_dtype(a.dtype)
             if wire == a.dtype and a.flags.c_contiguous:
-                self._allreduce_into(a, a, MPI.SUM)
+                self._allreduce_bucket(a, a, MPI.SUM)
                 if scale != 1.0:
                     np.multiply(a, scale, out=a, casting="unsafe")
             else:
                 buf = np.array(a, dtype=wire, order="C", copy=True)
-                self._allreduce_into(buf, buf, MPI.SUM)
+                self._allreduce_bucket(buf, buf, MPI.SUM)
                 np.multiply(buf, scale, out=a, casting="unsafe")

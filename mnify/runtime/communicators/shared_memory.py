@@ -57,7 +57,7 @@ from typing import Any, Protocol
 import numpy as np
 from mpi4py import MPI
 
-from mnify.runtime import kernels, rank_state
+from mnify.runtime import kernels, observers
 from mnify.runtime.communicators.buckets import ScalePlacement, place_scale
 
 ENV = "MNIFY_SHARED_MEMORY"  # "0" turns this path off (MPI Allreduce instead)
@@ -264,8 +264,23 @@ class SharedMemoryReducer:
         ``buckets``: per bucket, its pieces and a buffer whose dtype is the wire dtype and whose
         size (the pieces' total) fits a slot; every rank passes the same sequence. ``barrier``
         synchronises all ranks where stores are not ordered (see the module doc); ``deadline``
-        (the watchdog) bounds each counter wait.
+        (the watchdog) bounds each counter wait. Each bucket is published to the observers
+        from taking it to taking the next (:class:`mnify.runtime.observers.BucketStream`).
         """
+        stream = observers.bucket_stream(buckets, _bucket_nbytes)
+        if stream is None:
+            self._mean_buckets(buckets, scale, barrier, deadline)
+            return
+        with stream:
+            self._mean_buckets(stream, scale, barrier, deadline)
+
+    def _mean_buckets(
+        self,
+        buckets: Iterable[tuple[list[np.ndarray], np.ndarray]],
+        scale: float,
+        barrier: Callable[[], None],
+        deadline: Deadline | None,
+    ) -> None:
         queue = iter(buckets)
         first = next(queue, None)
         if first is None:
@@ -393,7 +408,7 @@ class SharedMemoryReducer:
         """A rank is late: give the CPU away (it may be the core that rank needs), first by
         yielding, then by sleeping; past the watchdog's deadline, raise its error."""
         counters = self._counters
-        rank_state.wait_begins()  # for mnify run: this rank waits on the others, as in MPI
+        observers.wait_begins()  # for mnify run: this rank waits on the others, as in MPI
         try:
             yield_until = time.monotonic() + _YIELD_FOR
             while counters[index] < value:
@@ -408,7 +423,7 @@ class SharedMemoryReducer:
                 time.sleep(pause)
                 pause = min(pause * 2, _MAX_SLEEP)
         finally:
-            rank_state.wait_ends()
+            observers.wait_ends()
 
     # -- the hierarchical communicator's stages ----------------------------------------------------
 
@@ -451,3 +466,8 @@ class SharedMemoryReducer:
             self._segment.close()
         except BufferError:  # a view is still alive somewhere; the mapping goes with the process
             pass
+
+
+def _bucket_nbytes(bucket: tuple[list[np.ndarray], np.ndarray]) -> int:
+    """A bucket's size: its buffer's bytes."""
+    return int(bucket[1].nbytes)

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mnify.runtime import kernels
+from mnify.runtime import kernels, observers
 from mnify.runtime.communicators.shared_memory import share_bounds
 
 # "0": means stay on the shared-memory segment; "1": always single copy; unset ("auto"): the
@@ -231,7 +231,8 @@ class SingleCopyReducer:
         views = [flats[i][a : a + n] for i, a, n in pieces]
         for a, b in plan.chunks:
             nbytes = int(plan.byte_count[a:b].sum())
-            self._chunk(nbytes, views[a:b], (a, b), local, remote, scratch, factor)
+            with observers.bucket(nbytes):
+                self._chunk(nbytes, views[a:b], (a, b), local, remote, scratch, factor)
 
     def _chunk(
         self,
@@ -244,8 +245,8 @@ class SingleCopyReducer:
         factor: np.floating[Any],
     ) -> None:
         """One chunk of this rank's share (``nbytes``, the pieces ``chunk``; rows ``rows`` of the
-        I/O vectors): summed over ranks, scaled, written into every other rank. The timeline
-        records it as a bucket (:mod:`mnify.runtime.timeline`)."""
+        I/O vectors): summed over ranks, scaled, written into every other rank. Published as one
+        bucket (:mod:`mnify.runtime.observers`)."""
         a, b = rows
         self._sum_chunk(chunk, nbytes, remote, rows, scratch)
         if factor != 1:

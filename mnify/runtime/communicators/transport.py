@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from mnify.runtime import debug, rank_state
+from mnify.runtime import debug, observers
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators.wire import as_bytes, from_bytes, header_of, offsets
 from mnify.runtime.debug import CallSignature
@@ -55,7 +55,6 @@ class Transport:
         if self._finalized:
             raise RuntimeError(f"{signature.kind} on a finalized communicator")
         self._seq += 1
-        rank_state.entered(signature.kind, self._seq)
         if self._watchdog is not None:
             self._watchdog.start(signature.kind, self._seq, timed=timed)
         if self._debug:
@@ -66,7 +65,6 @@ class Transport:
         watchdog still bounds the wait and blames ``peer``."""
         if self._finalized:
             raise RuntimeError(f"{kind} on a finalized communicator")
-        rank_state.entered(kind, self._seq)
         if self._watchdog is not None:
             self._watchdog.start(kind, self._seq, peer=peer)
 
@@ -75,24 +73,24 @@ class Transport:
 
     def _mpi(self, comm: MPI.Comm, method: str, *args: Any, **kwargs: Any) -> None:
         """``comm.<method>(...)``, or its non-blocking twin ``I<method>`` under the watchdog."""
-        rank_state.wait_begins()
+        observers.wait_begins()
         try:
             if self._watchdog is None:
                 getattr(comm, method)(*args, **kwargs)
             else:
                 self._watchdog.wait(getattr(comm, "I" + method.lower())(*args, **kwargs))
         finally:
-            rank_state.wait_ends()
+            observers.wait_ends()
 
     def _wait_all(self, requests: list[MPI.Request]) -> None:
-        rank_state.wait_begins()
+        observers.wait_begins()
         try:
             if self._watchdog is None:
                 MPI.Request.Waitall(requests)
             else:
                 self._watchdog.waitall(requests)
         finally:
-            rank_state.wait_ends()
+            observers.wait_ends()
 
     # -- byte-level collectives (no _enter: parts of a public collective) --------------------------
 
@@ -175,6 +173,11 @@ class Transport:
         step = max(1, self.bucket_bytes // max(1, flat.itemsize))
         return [flat[i : i + step] for i in range(0, flat.size, step)] or [flat]
 
+    def _allreduce_bucket(self, send: np.ndarray, recv: np.ndarray, op: MPI.Op) -> None:
+        """:meth:`_allreduce_into`, published to the observers as one bucket."""
+        with observers.bucket(recv.nbytes):
+            self._allreduce_into(send, recv, op)
+
     def _allreduce_into(self, send: np.ndarray, recv: np.ndarray, op: MPI.Op) -> None:
         """All-reduce the contiguous ``send`` into ``recv`` (the same array: in place), in
         bucket-sized pieces."""
@@ -205,14 +208,14 @@ class Transport:
     def _recv_message(self, kind: str, source: int, tag: int) -> tuple[Any, np.ndarray]:
         size = np.empty(1, dtype=np.int64)
         status = MPI.Status()
-        rank_state.wait_begins()
+        observers.wait_begins()
         try:
             if self._watchdog is None:
                 self.mpi_comm.Recv(size, source=source, tag=tag, status=status)
             else:
                 self._watchdog.wait(self.mpi_comm.Irecv(size, source=source, tag=tag), status)
         finally:
-            rank_state.wait_ends()
+            observers.wait_ends()
         # the rest of the message comes from whoever sent the first part (ANY_SOURCE/ANY_TAG)
         source, tag = status.Get_source(), status.Get_tag()
         head = np.empty(int(size[0]), dtype=np.uint8)
@@ -233,22 +236,26 @@ class Transport:
         self._mpi(self.mpi_comm, "Recv", [data, MPI.BYTE], source=source, tag=tag)
         return header, data
 
+    @observers.point_to_point
     def send(self, x: Any, dest: int, tag: int = 0) -> None:
         host = arr.to_host(x)
         self._enter_p2p("send", dest)
         self._send_message(_ARRAY, header_of(host), as_bytes(host), dest, tag)
 
+    @observers.point_to_point
     def recv(self, source: int, tag: int = 0) -> np.ndarray:
         """The array rank ``source`` sent with ``tag`` (as numpy; callers move it to a device)."""
         self._enter_p2p("recv", source)
         header, data = self._recv_message(_ARRAY, source, tag)
         return from_bytes(data, header)
 
+    @observers.point_to_point
     def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
         payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         self._enter_p2p("send_obj", dest)
         self._send_message(_OBJECT, payload.size, payload, dest, tag)
 
+    @observers.point_to_point
     def recv_obj(self, source: int, tag: int = 0) -> Any:
         self._enter_p2p("recv_obj", source)
         _, data = self._recv_message(_OBJECT, source, tag)

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mnify.runtime import kernels, rank_state
+from mnify.runtime import kernels, observers
 from mnify.runtime.communicators import _arrays as arr
 from mnify.runtime.communicators import compression
 from mnify.runtime.communicators.buckets import bucket_size, place_scale, reduced_in_place
@@ -223,7 +223,7 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
         if not self.polite or self._watchdog is not None:
             self._wait_all(requests)
             return
-        rank_state.wait_begins()
+        observers.wait_begins()
         try:
             for _ in range(_SPIN_TESTS):
                 if MPI.Request.Testall(requests):
@@ -233,7 +233,7 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
                 time.sleep(pause)
                 pause = min(pause * 2, _MAX_SLEEP)
         finally:
-            rank_state.wait_ends()
+            observers.wait_ends()
 
     def _pipeline(
         self, buckets: list[list[np.ndarray]], wire: np.dtype[Any], sizes: set[int], scale: float

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from mnify.runtime import observers
 from mnify.runtime.kernels import host
 from mnify.runtime.kernels.host import accumulate_dtype, scale_dtype
 
@@ -95,10 +96,11 @@ def pack(arrays: Sequence[Any], out: Any, scale: float = 1.0) -> None:
     total = sum(int(a.size) for a in arrays)
     if out.ndim != 1 or out.size < total:
         raise ValueError(f"pack: out must be 1-D with at least {total} elements, got {out.shape}")
-    if _is_numpy(out):
-        host.pack(arrays, out, scale)
-    else:
-        _device().pack(arrays, out, scale)
+    with observers.kernel("pack", out):
+        if _is_numpy(out):
+            host.pack(arrays, out, scale)
+        else:
+            _device().pack(arrays, out, scale)
 
 
 def unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> None:
@@ -106,10 +108,11 @@ def unpack(buf: Any, arrays: Sequence[Any], scale: float = 1.0) -> None:
     total = sum(int(a.size) for a in arrays)
     if buf.ndim != 1 or buf.size < total:
         raise ValueError(f"unpack: buf must be 1-D with at least {total} elements, got {buf.shape}")
-    if _is_numpy(buf):
-        host.unpack(buf, arrays, scale)
-    else:
-        _device().unpack(buf, arrays, scale)
+    with observers.kernel("unpack", buf):
+        if _is_numpy(buf):
+            host.unpack(buf, arrays, scale)
+        else:
+            _device().unpack(buf, arrays, scale)
 
 
 def scale(x: Any, factor: float) -> None:

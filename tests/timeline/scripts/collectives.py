@@ -3,8 +3,8 @@
     collectives.py NAME [--only-rank1]
 
 ``--only-rank1``: rank 0 drops ``MNIFY_TIMELINE`` before making its communicator (the variable
-reached only some ranks). Prints ``WRAPPED True|False`` (whether the collectives were wrapped)
-and ``PASS collectives`` at the end (tests/support/rank_checks).
+reached only some ranks). Prints ``WRAPPED True|False`` (whether the timeline observes the
+communicator) and ``PASS collectives`` at the end (tests/support/rank_checks).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from mnify.runtime import timeline
+from mnify.runtime import observers, timeline
 from mnify.runtime.communicators import create_communicator
 from tests.support.rank_checks import passed
 
@@ -39,14 +39,14 @@ def main() -> None:
     if "--only-rank1" in sys.argv and os.environ.get("OMPI_COMM_WORLD_RANK") == "0":
         os.environ.pop(timeline.ENV_DIR, None)
     comm = create_communicator(name)
-    print("WRAPPED", "multi_node_mean_grad" in vars(comm), flush=True)
+    print("WRAPPED", timeline.observes(comm), flush=True)
     model = Model()
     comm.bcast_data(model)
     for _ in range(3):
-        timeline.update_begins()
+        observers.update_begins(None)
         comm.multi_node_mean_grad(model)
-        timeline.apply_begins()
-        timeline.update_ends()
+        observers.apply_begins(None)
+        observers.update_ends(None)
     comm.allreduce(np.arange(5.0))
     comm.bcast(np.arange(3.0) if comm.rank == 0 else None)
     comm.allgather(np.arange(comm.rank + 1.0))

@@ -10,7 +10,7 @@ fakecupy.use()
 import cupy  # noqa: E402
 import mnify_fake_device  # noqa: E402, F401
 
-from mnify.runtime import timeline  # noqa: E402
+from mnify.runtime import observers  # noqa: E402
 from mnify.runtime.communicators import create_communicator  # noqa: E402
 from tests.support.rank_checks import passed  # noqa: E402
 
@@ -33,10 +33,10 @@ def main() -> None:
     comm = create_communicator("pure_nccl")
     model = Model()
     for _ in range(3):
-        timeline.update_begins()
+        observers.update_begins(None)
         comm.multi_node_mean_grad(model)
-        timeline.apply_begins()
-        timeline.update_ends()
+        observers.apply_begins(None)
+        observers.update_ends(None)
     comm.barrier()
     passed("gpu spans")
 

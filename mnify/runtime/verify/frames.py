@@ -1,0 +1,71 @@
+"""Whose code is running: the user's script, a library (the standard library, site-packages),
+or mnify's runtime. ``where`` in a finding is the user's innermost ``file:line``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from types import FrameType
+
+_MNIFY_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_BOOTSTRAP = os.path.join(_MNIFY_DIR, "launch", "bootstrap.py")
+_LIBRARY_DIRS = tuple(
+    sorted(
+        {
+            os.path.abspath(p) + os.sep
+            for key in ("stdlib", "platstdlib", "purelib", "platlib")
+            if (p := sysconfig.get_paths().get(key))
+        }
+    )
+)
+
+
+def kind_of(filename: str) -> str:
+    """``"mnify"``, ``"library"`` or ``"user"`` for a code object's file name."""
+    if filename.startswith("<"):
+        return "library"  # <frozen runpy>, <string>: not a file the user can open
+    path = os.path.abspath(filename)
+    if path.startswith(_MNIFY_DIR + os.sep):
+        return "library" if path == _BOOTSTRAP else "mnify"
+    if path.startswith(_LIBRARY_DIRS):
+        return "library"
+    return "user"
+
+
+def innermost(frame: FrameType | None) -> tuple[str, FrameType | None]:
+    """The kind of the innermost frame that is not a library's, and that frame."""
+    while frame is not None:
+        kind = kind_of(frame.f_code.co_filename)
+        if kind != "library":
+            return kind, frame
+        frame = frame.f_back
+    return "library", None
+
+
+def user_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame of the user's own code (skipping libraries and mnify)."""
+    while frame is not None:
+        if kind_of(frame.f_code.co_filename) == "user":
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def describe(frame: FrameType | None) -> str:
+    """``train.py:42``, relative to the working directory when inside it."""
+    if frame is None:
+        return "?"
+    name = frame.f_code.co_filename
+    try:
+        rel = os.path.relpath(name)
+        if not rel.startswith(".."):
+            name = rel
+    except ValueError:
+        pass
+    return f"{name}:{frame.f_lineno}"
+
+
+def user_where(skip: int = 1) -> str:
+    """``file:line`` of the user's innermost frame, seen from the caller."""
+    return describe(user_frame(sys._getframe(skip)))
