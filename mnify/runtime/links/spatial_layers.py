@@ -1,0 +1,105 @@
+"""Convolution and batch normalization that run on slabs of rows (spatial parallelism).
+
+:func:`~mnify.runtime.links.create_spatial_parallel_model` turns a model's plain
+``L.Convolution2D`` and ``L.BatchNormalization`` links into these subclasses in place (same
+parameters, same names, same snapshots). Called on a tensor that is not a slab they are the
+plain links.
+
+* :class:`SpatialConvolution2D`: output rows are split evenly over the group; each rank gathers
+  the input rows its outputs read (kernel size, stride, padding and dilation decide which: the
+  halo), pads only at the true image borders and convolves with Chainer. The weight and bias
+  gradients are summed over the group in backward.
+* :class:`SpatialBatchNormalization`: training statistics over the whole image (per-channel
+  counts and sums all-reduced, exact for uneven slabs), running averages updated from them;
+  at test time the running statistics are used row by row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+from mnify.runtime.functions.batch_normalization import multi_node_batch_normalization
+from mnify.runtime.functions.halo_exchange import halo_gather
+from mnify.runtime.functions.slab_functions import mark_slab, sum_grad_over_group
+from mnify.runtime.functions.spatial_pooling import full_input_of, keep_rows, pair, window_plan
+from mnify.runtime.links.spatial_group import SpatialGroup, active_group
+
+
+def _group_and_layout(link: Any, x: Any) -> tuple[SpatialGroup | None, Any]:
+    group = active_group()
+    owner: SpatialGroup | None = getattr(link, "spatial_group", None)
+    if group is None or owner is not group:
+        return None, None
+    return owner, owner.layout_of(x)
+
+
+class SpatialConvolution2D(L.Convolution2D):  # type: ignore[misc]
+    """``L.Convolution2D`` that convolves this rank's slab (plus its halo) inside a spatial
+    model; see the module doc."""
+
+    spatial_group: SpatialGroup
+
+    def forward(self, x: Any) -> chainer.Variable:
+        group, layout = _group_and_layout(self, x)
+        if layout is None:
+            result: chainer.Variable = super().forward(x)
+            return result
+        assert group is not None
+        if self.W.array is None:
+            self._initialize_params(x.shape[1])
+        a = layout.axis - 2
+        k, s, p, d = pair(self.ksize), pair(self.stride), pair(self.pad), pair(self.dilate)
+        out_layout, plan = window_plan(group, layout, k[a], s[a], p[a], d[a])
+        ext = halo_gather(group.comm, x, plan, 0.0, full_input_of(x))
+        local_pad = (0, p[1]) if a == 0 else (p[0], 0)
+        W = sum_grad_over_group(group.comm, self.W)
+        b = sum_grad_over_group(group.comm, self.b)
+        y = F.convolution_2d(ext, W, b, s, local_pad, dilate=d, groups=self.groups)
+        return mark_slab(keep_rows(y, out_layout, group.rank), out_layout)
+
+
+class SpatialBatchNormalization(L.BatchNormalization):  # type: ignore[misc]
+    """``L.BatchNormalization`` whose training statistics cover the whole image (every slab);
+    see the module doc."""
+
+    spatial_group: SpatialGroup
+
+    def forward(self, x: Any, **kwargs: Any) -> chainer.Variable:
+        group, layout = _group_and_layout(self, x)
+        if layout is None:
+            plain: chainer.Variable = super().forward(x, **kwargs)
+            return plain
+        assert group is not None
+        if kwargs.get("finetune", False):
+            raise NotImplementedError("BatchNormalization(finetune=True) in a spatial model")
+        if not chainer.config.train:
+            return mark_slab(super().forward(x), layout)
+        if self.avg_mean is None:
+            self._initialize_params(
+                tuple(d for i, d in enumerate(x.shape) if i not in (self.axis or (0, 2, 3)))
+            )
+        if self.axis not in (None, (0, 2, 3)):
+            raise NotImplementedError(
+                f"BatchNormalization over axes {self.axis} in a spatial model (only (0, 2, 3))"
+            )
+        gamma = self.gamma if self.gamma is not None else self._get_gamma()[0]
+        beta = self.beta if self.beta is not None else self._get_beta()[0]
+        running = not chainer.config.in_recomputing
+        y = multi_node_batch_normalization(
+            x,
+            sum_grad_over_group(group.comm, gamma),
+            sum_grad_over_group(group.comm, beta),
+            group.batch_norm_comm,
+            eps=self.eps,
+            running_mean=self.avg_mean if running else None,
+            running_var=self.avg_var if running else None,
+            decay=self.decay,
+        )
+        return mark_slab(y, layout)
+
+
+__all__ = ["SpatialBatchNormalization", "SpatialConvolution2D"]
