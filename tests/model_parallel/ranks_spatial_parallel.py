@@ -133,16 +133,22 @@ def check(
     shape: tuple[int, ...],
     axis: str = "h",
     input_grad: bool = False,
+    overlap: bool = True,
 ) -> None:
     np.random.seed(7)
     reference = _float64(make())
     x = data(1, shape)
     with chainer.using_config("train", False):
         w = data(2, reference(x).shape)
-    spatial = mn.links.create_spatial_parallel_model(reference, comm, axis=axis)
+    spatial = mn.links.create_spatial_parallel_model(reference, comm, axis=axis, overlap=overlap)
     want = run(reference, x, w, input_grad)
+    overlapped = counters["overlapped"]
     got = run(spatial, x, w, input_grad)
     compare(name, got, want)
+    if not overlap:  # the plain path ran: every exchange waited before its convolution
+        assert counters["overlapped"] == overlapped
+    elif name == "segmenter_tall" and size > 1:  # slabs of >= 7 rows: interiors to overlap
+        assert counters["overlapped"] > overlapped
     # the parameter names are the plain model's
     assert [n for n, _ in spatial.namedparams()] == [n for n, _ in reference.namedparams()]
     passed(name, comm)
@@ -245,10 +251,12 @@ def check_hybrid() -> None:
 
 
 check("windows", Windows, (2, 2, 13, 11))
+check("windows_no_overlap", Windows, (2, 2, 13, 11), overlap=False)
 check("windows_axis_w", Windows, (2, 2, 9, 14), axis="w")
 check("strided", Strided, (3, 1, 17, 9))
 check("strided_thin", Strided, (2, 1, 8, 7))  # 4 ranks: empty slabs after the strides
 check("segmenter_input_grad", Segmenter, (2, 1, 11, 5), input_grad=True)
+check("segmenter_tall", Segmenter, (1, 1, 29, 3), input_grad=True)  # wide interiors
 check_training()
 check_refusals()
 check_halo_only_at_neighbours()

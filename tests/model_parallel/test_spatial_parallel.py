@@ -22,10 +22,12 @@ HERE = Path(__file__).resolve().parent
 
 CHECKS = [
     "windows",
+    "windows_no_overlap",
     "windows_axis_w",
     "strided",
     "strided_thin",
     "segmenter_input_grad",
+    "segmenter_tall",
     "training_classifier",
     "refusals",
     "halo_rows",

@@ -33,8 +33,9 @@ from mnify.runtime.functions.collective_communication import array_module, like_
 if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
 
-#: bytes this process sent in halo exchanges (forward and backward), for measurements
-counters: dict[str, int] = {"halo_bytes_sent": 0, "halo_messages_sent": 0}
+#: bytes and messages this process sent in halo exchanges (forward and backward), and how
+#: many forward exchanges overlapped an interior computation, for measurements and tests
+counters: dict[str, int] = {"halo_bytes_sent": 0, "halo_messages_sent": 0, "overlapped": 0}
 
 Bounds = tuple[tuple[int, int], ...]
 

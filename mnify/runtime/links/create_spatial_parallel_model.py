@@ -183,13 +183,16 @@ def create_spatial_parallel_model(
     axis: str = "h",
     *,
     batch_norm_comm: CommunicatorBase | None = None,
+    overlap: bool = True,
 ) -> chainer.Link:
     """A deep copy of ``model`` whose activations are split over ``comm`` along ``axis``
     (``'h'``: rows, ``'w'``: columns); the original is untouched. See the module doc.
 
     ``batch_norm_comm``: the ranks batch statistics are taken over (default ``comm``); in a
     spatial x data layout pass the whole job's communicator for statistics over the combined
-    batch, as one process would compute them.
+    batch, as one process would compute them. ``overlap``: convolutions post their halo
+    exchange, compute the output rows that need no halo, then wait and compute the edges (False:
+    wait first, then one convolution over the slab and its halo; same results).
     """
     if axis not in AXES:
         raise ValueError(f"axis must be 'h' or 'w', got {axis!r}")
@@ -201,7 +204,7 @@ def create_spatial_parallel_model(
         clone = copy.deepcopy(model)
     finally:
         np.random.set_state(state)
-    group = SpatialGroup(comm, AXES[axis], batch_norm_comm or comm)
+    group = SpatialGroup(comm, AXES[axis], batch_norm_comm or comm, overlap)
     _convert_links(clone, group)
     if type(clone) in _SPLIT.values():
         raise SpatialSplitError("the model is a single layer: wrap it in a Chain")

@@ -85,9 +85,14 @@ class SpatialGroup:
     """The ranks that split one model's activations, the slab axis, and per-call state."""
 
     def __init__(
-        self, comm: CommunicatorBase, axis: int, batch_norm_comm: CommunicatorBase
+        self,
+        comm: CommunicatorBase,
+        axis: int,
+        batch_norm_comm: CommunicatorBase,
+        overlap: bool = True,
     ) -> None:
         self.comm = comm
+        self.overlap = overlap
         self.axis = axis
         self.batch_norm_comm = batch_norm_comm
         self._layouts: dict[int, SlabLayout | None] = {}

@@ -23,7 +23,8 @@ import chainer.functions as F
 import chainer.links as L
 
 from mnify.runtime.functions.batch_normalization import multi_node_batch_normalization
-from mnify.runtime.functions.halo_exchange import halo_gather
+from mnify.runtime.functions.halo_exchange import HaloPlan, halo_gather, rows_needed
+from mnify.runtime.functions.halo_overlap import halo_edges, interior
 from mnify.runtime.functions.slab_functions import mark_slab, sum_grad_over_group
 from mnify.runtime.functions.spatial_pooling import full_input_of, keep_rows, pair, window_plan
 from mnify.runtime.links.spatial_group import SpatialGroup, active_group
@@ -54,12 +55,60 @@ class SpatialConvolution2D(L.Convolution2D):  # type: ignore[misc]
         a = layout.axis - 2
         k, s, p, d = pair(self.ksize), pair(self.stride), pair(self.pad), pair(self.dilate)
         out_layout, plan = window_plan(group, layout, k[a], s[a], p[a], d[a])
-        ext = halo_gather(group.comm, x, plan, 0.0, full_input_of(x))
+        full = full_input_of(x)
         local_pad = (0, p[1]) if a == 0 else (p[0], 0)
         W = sum_grad_over_group(group.comm, self.W)
         b = sum_grad_over_group(group.comm, self.b)
-        y = F.convolution_2d(ext, W, b, s, local_pad, dilate=d, groups=self.groups)
+
+        def conv(rows: Any) -> chainer.Variable:
+            out: chainer.Variable = F.convolution_2d(
+                rows, W, b, s, local_pad, dilate=d, groups=self.groups
+            )
+            return out
+
+        out_rows = out_layout.bounds[group.rank]
+        window = (k[a], s[a], p[a], d[a])
+        middle = interior(out_rows, layout.bounds[group.rank], layout.full, *window)
+        if group.overlap and full is None and plan.recvs() and middle[1] > middle[0]:
+            y = self._overlapped(group, x, plan, out_rows, middle, window, conv)
+        else:
+            y = conv(halo_gather(group.comm, x, plan, 0.0, full))
         return mark_slab(keep_rows(y, out_layout, group.rank), out_layout)
+
+    @staticmethod
+    def _overlapped(
+        group: SpatialGroup,
+        x: Any,
+        plan: HaloPlan,
+        out_rows: tuple[int, int],
+        middle: tuple[int, int],
+        window: tuple[int, int, int, int],
+        conv: Any,
+    ) -> chainer.Variable:
+        """Post the halo exchange, convolve the interior rows, then the two edges."""
+        axis, rank = plan.layout.axis, group.rank
+        spans = []
+        if middle[0] > out_rows[0]:
+            spans.append(rows_needed(out_rows[0], middle[0], *window))
+        if out_rows[1] > middle[1]:
+            spans.append(rows_needed(middle[1], out_rows[1], *window))
+        local = tuple(
+            rows_needed(*middle, *window) if q == rank else (0, 0) for q in range(group.size)
+        )
+        local_plan = HaloPlan(plan.layout, local, rank)
+        inner, edges = halo_edges(
+            group.comm, x, plan, tuple(spans), lambda: conv(halo_gather(group.comm, x, local_plan))
+        )
+        parts = [inner]
+        edge = iter(edges)
+        if middle[0] > out_rows[0]:
+            parts.insert(0, conv(next(edge)))
+        if out_rows[1] > middle[1]:
+            parts.append(conv(next(edge)))
+        if len(parts) == 1:
+            return inner
+        joined: chainer.Variable = F.concat(parts, axis=axis)
+        return joined
 
 
 class SpatialBatchNormalization(L.BatchNormalization):  # type: ignore[misc]
