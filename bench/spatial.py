@@ -23,8 +23,8 @@ Figures, per configuration and size:
   exchange itself), plus for each all-reduce ``2 (P-1)/P`` of its bytes and for each all-gather
   ``P-1`` copies of the rank's own part (what ring algorithms send); object messages (a few
   bytes) are not counted;
-- ``halo wait``: the part of the spatial step spent waiting for halo messages (what overlapping
-  the exchange with interior computation could at most hide);
+- ``halo wait``: the part of the (overlapped) spatial step still spent waiting for halo
+  messages; ``sp plain`` is spatial with ``overlap=False`` (wait, then convolve);
 - peak activation memory per rank during one step at ``--mem-size`` (tracemalloc: numpy's
   allocations; the parameters and the input batch, allocated before, are not counted, and the
   input is not divided: every rank holds all of it).
@@ -257,21 +257,22 @@ def main() -> None:
         "per step (2 and 4 ranks)"
     )
     print(
-        f"{'size':>5} {'unsplit':>9} {'spatial':>9} {'channel':>9} {'halo wait':>9} "
+        f"{'size':>5} {'unsplit':>9} {'spatial':>9} {'sp plain':>9} {'channel':>9} {'halo wait':>9} "
         f"{'sp KiB 2':>9} {'ch KiB 2':>9} {'sp KiB 4':>9} {'ch KiB 4':>9}"
     )
     rows = zip(
         figures["unsplit"],
         figures["spatial2"],
+        figures["spatial2_plain"],
         figures["channel2"],
         figures["spatial4"],
         figures["channel4"],
         strict=True,
     )
-    for u, s, c, s4, c4 in rows:
+    for u, s, sp, c, s4, c4 in rows:
         print(
             f"{u['size']:>5} {u['seconds'] * 1e3:>9.1f} {s['seconds'] * 1e3:>9.1f} "
-            f"{c['seconds'] * 1e3:>9.1f} {s['halo_wait'] * 1e3:>9.1f} "
+            f"{sp['seconds'] * 1e3:>9.1f} {c['seconds'] * 1e3:>9.1f} {s['halo_wait'] * 1e3:>9.1f} "
             f"{s['bytes'] / 1024:>9.1f} {c['bytes'] / 1024:>9.1f} "
             f"{s4['bytes'] / 1024:>9.1f} {c4['bytes'] / 1024:>9.1f}"
         )
