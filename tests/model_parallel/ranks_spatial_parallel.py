@@ -27,7 +27,8 @@ RTOL = 1e-10
 
 
 class Windows(chainer.Chain):
-    """Padding, BN, max pooling crossing slabs, stride 2, average pooling, dilation, GAP, head."""
+    """Padding, BN, max pooling crossing slabs, stride 2, average pooling, dilation (grouped),
+    GAP, head."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,7 +36,7 @@ class Windows(chainer.Chain):
             self.conv1 = L.Convolution2D(2, 3, 3, pad=1)
             self.bn1 = L.BatchNormalization(3)
             self.conv2 = L.Convolution2D(3, 4, 3, stride=2, pad=1)
-            self.conv3 = L.Convolution2D(4, 4, 3, pad=2, dilate=2)
+            self.conv3 = L.Convolution2D(4, 4, 3, pad=2, dilate=2, groups=2)
             self.fc = L.Linear(4, 3)
 
     def forward(self, x: chainer.Variable) -> chainer.Variable:
@@ -65,6 +66,28 @@ class Strided(chainer.Chain):
         h = F.concat((self.conv2(h), F.sigmoid(self.conv2(h))), axis=1)
         g = F.mean(h, axis=(2, 3))
         return self.fc(g[:, :2]) + F.sum(h, axis=(2, 3))[:, 2:]
+
+
+class Branches(chainer.Chain):
+    """A residual block with a projection shortcut: branches of different depths, each with its
+    own exchanges and all-reduces, which every rank's backward must visit in the same order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.stem = L.Convolution2D(1, 3, 3, pad=1)
+            self.a1 = L.Convolution2D(3, 2, 3, pad=1)
+            self.bn_a = L.BatchNormalization(2)
+            self.a2 = L.Convolution2D(2, 4, 5, pad=2)
+            self.short = L.Convolution2D(3, 4, 1)
+            self.bn_s = L.BatchNormalization(4)
+            self.fc = L.Linear(4, 2)
+
+    def forward(self, x: chainer.Variable) -> chainer.Variable:
+        h = F.relu(self.stem(x))
+        a = self.a2(F.relu(self.bn_a(self.a1(h))))
+        h = F.relu(a + self.bn_s(self.short(h)))
+        return self.fc(F.mean(h, axis=(2, 3)))
 
 
 class Segmenter(chainer.Chain):
@@ -255,6 +278,8 @@ check("windows_no_overlap", Windows, (2, 2, 13, 11), overlap=False)
 check("windows_axis_w", Windows, (2, 2, 9, 14), axis="w")
 check("strided", Strided, (3, 1, 17, 9))
 check("strided_thin", Strided, (2, 1, 8, 7))  # 4 ranks: empty slabs after the strides
+check("branches", Branches, (2, 1, 23, 6))
+check("branches_thin", Branches, (2, 1, 5, 6))  # 4 ranks: an empty slab, no interiors
 check("segmenter_input_grad", Segmenter, (2, 1, 11, 5), input_grad=True)
 check("segmenter_tall", Segmenter, (1, 1, 29, 3), input_grad=True)  # wide interiors
 check_training()

@@ -26,6 +26,8 @@ CHECKS = [
     "windows_axis_w",
     "strided",
     "strided_thin",
+    "branches",
+    "branches_thin",
     "segmenter_input_grad",
     "segmenter_tall",
     "training_classifier",

@@ -78,14 +78,18 @@ def full_input_of(x: chainer.Variable) -> Any:
     return None
 
 
+def first_rows(y: Any, rows: int, axis: int) -> Any:
+    """The first ``rows`` rows of ``y`` along ``axis``, always through one indexing node, even
+    when that is all of them: every rank then builds the same graph, whose backward visits the
+    layers (and their collectives) in the same order on every rank."""
+    index: list[Any] = [slice(None)] * y.ndim
+    index[axis] = slice(0, rows)
+    return y[tuple(index)]
+
+
 def keep_rows(y: Any, layout: SlabLayout, rank: int) -> Any:
     """``y`` cut to this rank's output row count (an empty slab computes one window)."""
-    rows = layout.rows(rank)
-    if y.shape[layout.axis] == rows:
-        return y
-    index: list[Any] = [slice(None)] * y.ndim
-    index[layout.axis] = slice(0, rows)
-    return y[tuple(index)]
+    return first_rows(y, layout.rows(rank), layout.axis)
 
 
 def _pool(

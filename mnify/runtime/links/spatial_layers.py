@@ -23,10 +23,16 @@ import chainer.functions as F
 import chainer.links as L
 
 from mnify.runtime.functions.batch_normalization import multi_node_batch_normalization
-from mnify.runtime.functions.halo_exchange import HaloPlan, halo_gather, rows_needed
+from mnify.runtime.functions.halo_exchange import HaloPlan, SlabLayout, halo_gather, rows_needed
 from mnify.runtime.functions.halo_overlap import halo_edges, interior
 from mnify.runtime.functions.slab_functions import mark_slab, sum_grad_over_group
-from mnify.runtime.functions.spatial_pooling import full_input_of, keep_rows, pair, window_plan
+from mnify.runtime.functions.spatial_pooling import (
+    first_rows,
+    full_input_of,
+    keep_rows,
+    pair,
+    window_plan,
+)
 from mnify.runtime.links.spatial_group import SpatialGroup, active_group
 
 
@@ -66,14 +72,12 @@ class SpatialConvolution2D(L.Convolution2D):  # type: ignore[misc]
             )
             return out
 
-        out_rows = out_layout.bounds[group.rank]
         window = (k[a], s[a], p[a], d[a])
-        middle = interior(out_rows, layout.bounds[group.rank], layout.full, *window)
-        if group.overlap and full is None and plan.recvs() and middle[1] > middle[0]:
-            y = self._overlapped(group, x, plan, out_rows, middle, window, conv)
+        if group.overlap and full is None and _interior_everywhere(plan, out_layout, window):
+            y = self._overlapped(group, x, plan, out_layout.bounds[group.rank], window, conv)
         else:
-            y = conv(halo_gather(group.comm, x, plan, 0.0, full))
-        return mark_slab(keep_rows(y, out_layout, group.rank), out_layout)
+            y = keep_rows(conv(halo_gather(group.comm, x, plan, 0.0, full)), out_layout, group.rank)
+        return mark_slab(y, out_layout)
 
     @staticmethod
     def _overlapped(
@@ -81,34 +85,50 @@ class SpatialConvolution2D(L.Convolution2D):  # type: ignore[misc]
         x: Any,
         plan: HaloPlan,
         out_rows: tuple[int, int],
-        middle: tuple[int, int],
         window: tuple[int, int, int, int],
         conv: Any,
     ) -> chainer.Variable:
-        """Post the halo exchange, convolve the interior rows, then the two edges."""
+        """Post the halo exchange, convolve the interior rows, then the two edges.
+
+        Every rank builds the same graph (both edges, even an empty one: one window, cut to no
+        rows), so every rank's backward visits the layers, and so their exchanges and
+        all-reduces, in the same order."""
         axis, rank = plan.layout.axis, group.rank
-        spans = []
-        if middle[0] > out_rows[0]:
-            spans.append(rows_needed(out_rows[0], middle[0], *window))
-        if out_rows[1] > middle[1]:
-            spans.append(rows_needed(middle[1], out_rows[1], *window))
+        middle = interior(out_rows, plan.layout.bounds[rank], plan.layout.full, *window)
+        spans = (
+            rows_needed(out_rows[0], middle[0], *window),
+            rows_needed(middle[1], out_rows[1], *window),
+        )
         local = tuple(
             rows_needed(*middle, *window) if q == rank else (0, 0) for q in range(group.size)
         )
         local_plan = HaloPlan(plan.layout, local, rank)
-        inner, edges = halo_edges(
-            group.comm, x, plan, tuple(spans), lambda: conv(halo_gather(group.comm, x, local_plan))
+        inner, (top, bottom) = halo_edges(
+            group.comm, x, plan, spans, lambda: conv(halo_gather(group.comm, x, local_plan))
         )
-        parts = [inner]
-        edge = iter(edges)
-        if middle[0] > out_rows[0]:
-            parts.insert(0, conv(next(edge)))
-        if out_rows[1] > middle[1]:
-            parts.append(conv(next(edge)))
-        if len(parts) == 1:
-            return inner
+        parts = [
+            first_rows(conv(top), middle[0] - out_rows[0], axis),
+            inner,
+            first_rows(conv(bottom), out_rows[1] - middle[1], axis),
+        ]
         joined: chainer.Variable = F.concat(parts, axis=axis)
         return joined
+
+
+def _interior_everywhere(
+    plan: HaloPlan, out_layout: SlabLayout, window: tuple[int, int, int, int]
+) -> bool:
+    """Whether overlapping pays and is possible on every rank: some rank waits for a halo,
+    and every rank has output rows that read none (decided alike on every rank)."""
+    layout = plan.layout
+    waits = any(HaloPlan(layout, plan.need, q).recvs() for q in range(len(layout.bounds)))
+    return waits and all(
+        b > a
+        for a, b in (
+            interior(out_layout.bounds[q], layout.bounds[q], layout.full, *window)
+            for q in range(len(layout.bounds))
+        )
+    )
 
 
 class SpatialBatchNormalization(L.BatchNormalization):  # type: ignore[misc]
