@@ -11,6 +11,9 @@ layout is also checked against one process at the combined batch. Prints ``PASS 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import chainer
 import chainer.functions as F
 import chainer.links as L
@@ -116,6 +119,29 @@ class Flattens(chainer.Chain):
         return self.fc(F.relu(self.conv(x)))
 
 
+def sequential() -> chainer.Sequential:
+    """chainer.Sequential holding Chainer's functions themselves and a partial of one."""
+    return chainer.Sequential(
+        L.Convolution2D(1, 2, 3, pad=1),
+        F.relu,
+        functools.partial(F.max_pooling_2d, ksize=2),
+        L.Convolution2D(2, 3, 3, pad=1),
+        functools.partial(F.average_pooling_2d, ksize=3, stride=1, pad=1),
+        functools.partial(F.mean, axis=(2, 3)),
+        L.Linear(3, 2),
+    )
+
+
+def sequential_lambda() -> chainer.Sequential:
+    """chainer.Sequential with a lambda (cannot be deep-copied: converted in place)."""
+    return chainer.Sequential(
+        L.Convolution2D(1, 2, 3, pad=1),
+        lambda h: F.max_pooling_2d(h, 3, 1, 1),
+        F.sum,
+        lambda h: F.reshape(h, (-1, 1)),
+    )
+
+
 def data(seed: int, shape: tuple[int, ...]) -> np.ndarray:
     return np.random.RandomState(seed).uniform(-1, 1, shape)
 
@@ -152,7 +178,7 @@ def compare(name: str, got: dict[str, object], want: dict[str, object]) -> None:
 
 def check(
     name: str,
-    make: type[chainer.Chain],
+    make: Callable[[], chainer.Link],
     shape: tuple[int, ...],
     axis: str = "h",
     input_grad: bool = False,
@@ -163,7 +189,10 @@ def check(
     x = data(1, shape)
     with chainer.using_config("train", False):
         w = data(2, reference(x).shape)
-    spatial = mn.links.create_spatial_parallel_model(reference, comm, axis=axis, overlap=overlap)
+    np.random.seed(7)  # the same model again (one that cannot be copied is converted in place)
+    spatial = mn.links.create_spatial_parallel_model(
+        _float64(make()), comm, axis=axis, overlap=overlap
+    )
     want = run(reference, x, w, input_grad)
     overlapped = counters["overlapped"]
     got = run(spatial, x, w, input_grad)
@@ -278,6 +307,8 @@ check("windows_no_overlap", Windows, (2, 2, 13, 11), overlap=False)
 check("windows_axis_w", Windows, (2, 2, 9, 14), axis="w")
 check("strided", Strided, (3, 1, 17, 9))
 check("strided_thin", Strided, (2, 1, 8, 7))  # 4 ranks: empty slabs after the strides
+check("sequential", sequential, (2, 1, 15, 6))
+check("sequential_lambda", sequential_lambda, (2, 1, 9, 4))
 check("branches", Branches, (2, 1, 23, 6))
 check("branches_thin", Branches, (2, 1, 5, 6))  # 4 ranks: an empty slab, no interiors
 check("segmenter_input_grad", Segmenter, (2, 1, 11, 5), input_grad=True)

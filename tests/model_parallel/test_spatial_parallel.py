@@ -26,6 +26,8 @@ CHECKS = [
     "windows_axis_w",
     "strided",
     "strided_thin",
+    "sequential",
+    "sequential_lambda",
     "branches",
     "branches_thin",
     "segmenter_input_grad",

@@ -130,7 +130,7 @@ class ReplicatedSum(chainer.FunctionNode):
     def forward(self, inputs: tuple[Any, ...]) -> tuple[Any]:
         (x,) = inputs
         xp = array_module(x)
-        return (allreduce_sum(self.comm, xp.ascontiguousarray(x)),)
+        return (allreduce_sum(self.comm, xp.ascontiguousarray(x)).reshape(x.shape),)
 
     def backward(
         self, indexes: tuple[int, ...], grad_outputs: tuple[chainer.Variable | None, ...]

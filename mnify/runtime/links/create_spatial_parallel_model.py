@@ -64,6 +64,22 @@ def _unsplittable() -> tuple[type, ...]:
     return (*found, MultiNodeBatchNormalization, ParallelConvolution2D)
 
 
+def _route_stored_functions(model: chainer.Link) -> None:
+    """``chainer.Sequential`` entries that are Chainer's pooling/reduction functions (or
+    ``functools.partial`` of them) hold the function itself, not its name: point them at the
+    routed versions, which call Chainer's own on tensors that are not slabs."""
+    originals = {fn: name for name, fn in spatial_pooling.ORIGINAL.items()}
+    for link in model.links():
+        if not isinstance(link, chainer.Sequential):
+            continue
+        for index, layer in enumerate(link._layers):
+            if isinstance(layer, functools.partial) and layer.func in originals:
+                routed = _route_table[originals[layer.func]]
+                link._layers[index] = functools.partial(routed, *layer.args, **layer.keywords)
+            elif not isinstance(layer, chainer.Link) and layer in originals:
+                link._layers[index] = _route_table[originals[layer]]
+
+
 def _convert_links(model: chainer.Link, group: SpatialGroup) -> int:
     """Make the model's splittable links slab-aware in place; refuse the unsplittable."""
     refused = _unsplittable()
@@ -186,7 +202,9 @@ def create_spatial_parallel_model(
     overlap: bool = True,
 ) -> chainer.Link:
     """A deep copy of ``model`` whose activations are split over ``comm`` along ``axis``
-    (``'h'``: rows, ``'w'``: columns); the original is untouched. See the module doc.
+    (``'h'``: rows, ``'w'``: columns); the original is untouched, except a model that cannot be
+    deep-copied (a ``chainer.Sequential`` holding a lambda), which is converted in place. See
+    the module doc.
 
     ``batch_norm_comm``: the ranks batch statistics are taken over (default ``comm``); in a
     spatial x data layout pass the whole job's communicator for statistics over the combined
@@ -202,10 +220,13 @@ def create_spatial_parallel_model(
     state = np.random.get_state()
     try:
         clone = copy.deepcopy(model)
+    except ValueError:
+        clone = model  # a Sequential holding a lambda cannot be copied: converted in place
     finally:
         np.random.set_state(state)
     group = SpatialGroup(comm, AXES[axis], batch_norm_comm or comm, overlap)
     _convert_links(clone, group)
+    _route_stored_functions(clone)
     if type(clone) in _SPLIT.values():
         raise SpatialSplitError("the model is a single layer: wrap it in a Chain")
     clone.__class__ = _spatial_class(type(clone))
