@@ -46,6 +46,7 @@ MODEL_PARALLEL_MARKERS = _multi_node(
     "create_multi_node_iterator",
     "iterators.create_multi_node_iterator",
     "links.ParallelConvolution2D",
+    "links.create_spatial_parallel_model",
     "MultiNodeChainList",
     "links.MultiNodeChainList",
     "links.create_multi_node_n_step_rnn",

@@ -177,10 +177,11 @@ def _convert_with_progress(
 )
 @click.option(
     "--model-parallel",
-    type=click.Choice(["none", "channel"]),
+    type=click.Choice(["none", "channel", "spatial"]),
     default="none",
     show_default=True,
-    help="channel: split convolutions' channels over ranks instead of the data.",
+    help="channel: split convolutions' channels over ranks instead of the data; spatial: split "
+    "every image into slabs of rows over ranks (halo exchange).",
 )
 @click.option(
     "--report",

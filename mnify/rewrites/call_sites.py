@@ -29,6 +29,10 @@ _WRAPPERS: dict[LiftKind, tuple[str, str]] = {
     "optimizer": ("create_multi_node_optimizer", "gradients averaged across ranks"),
     "mnbn": ("links.create_mnbn_model", "BatchNormalization synchronised across ranks"),
     "channel-parallel": ("links.create_channel_parallel_model", "convolutions split over ranks"),
+    "spatial-parallel": (
+        "links.create_spatial_parallel_model",
+        "images split into slabs of rows over ranks",
+    ),
 }
 
 
@@ -51,6 +55,8 @@ def _already_wrapped(ctx: FileContext, call: CallFact, kind: LiftKind) -> bool:
         return vocab.is_mnbn_factory(parent)
     if kind == "channel-parallel":
         return vocab.is_runtime_name(parent, "create_channel_parallel_model")
+    if kind == "spatial-parallel":
+        return vocab.is_runtime_name(parent, "create_spatial_parallel_model")
     return False
 
 
@@ -316,7 +322,7 @@ def _wrap(ctx: FileContext, call: CallFact, lift: Lift) -> None:
     if _already_wrapped(ctx, call, lift.kind) or call.stmt is None:
         return
     step = "optimizer" if lift.kind == "optimizer" else "batchnorm"
-    if lift.kind == "channel-parallel":
+    if lift.kind in ("channel-parallel", "spatial-parallel"):
         step = "model-parallel"
     if ctx.suppressed(call.node, step):
         return

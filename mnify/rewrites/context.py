@@ -26,7 +26,9 @@ from mnify.rewrites.registry import step_code, step_codes
 from mnify.rewrites.report import ReportEntry, Severity
 from mnify.syntax import names_in
 
-LiftKind = Literal["optimizer", "mnbn", "rank0", "channel-parallel", "extensions"]
+LiftKind = Literal[
+    "optimizer", "mnbn", "rank0", "channel-parallel", "spatial-parallel", "extensions"
+]
 # What a report entry says the output shows: ("guarded", statement) — it runs under
 # ``if comm.rank == 0:``; ("scattered", name) — the dataset reaches scatter_dataset;
 # ("rank0-loads", name) — rank 0 binds it, the others bind None.
@@ -37,7 +39,8 @@ Claim = tuple[Literal["guarded", "scattered", "rank0-loads"], "cst.CSTNode | str
 class Lift:
     """Work a helper or model class cannot do without ``comm``, done where it is called:
     wrap the call (``optimizer``: create_multi_node_optimizer; ``mnbn``: create_mnbn_model;
-    ``channel-parallel``: split its convolutions), guard the calling statement (``rank0``), or
+    ``channel-parallel``: split its convolutions; ``spatial-parallel``: split its activations
+    into slabs of rows), guard the calling statement (``rank0``), or
     convert the trainer it registered extensions on (``extensions``: distribute_extensions)."""
 
     name: str  # the module-level function or class

@@ -483,7 +483,7 @@ def plan(ctx: FileContext) -> None:
             code,
             claim=("guarded", target),
         )
-        if not ctx.options.data_parallel and what in _MODEL_SAVERS:
+        if ctx.options.model_parallel == "channel" and what in _MODEL_SAVERS:
             ctx.note(
                 target,
                 "rank0-guard",

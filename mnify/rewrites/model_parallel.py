@@ -1,4 +1,11 @@
-"""``--model-parallel channel`` (issue 5, the seed's channel-wise parallel convolution).
+"""``--model-parallel channel`` (issue 5) and ``--model-parallel spatial`` (issue 25).
+
+Spatial: the model class that holds the convolutions is wrapped where the entry point builds it,
+``mn.links.create_spatial_parallel_model(Net(...), comm)`` (no signature changes); every rank
+sees the same batch (iterators as below) and holds one slab of rows of every activation. The
+report states what that does to memory per rank.
+
+Channel:
 
 Every rank sees the same batch and holds a slice of each convolution's channels:
 ``L.Convolution2D(in, out, ...)`` becomes ``mn.links.ParallelConvolution2D(comm, in, out, ...)``
@@ -46,6 +53,9 @@ def plan(ctx: FileContext) -> None:
     if ctx.options.data_parallel:
         return
     _plan_iterators(ctx)
+    if ctx.options.model_parallel == "spatial":
+        _plan_spatial(ctx)
+        return
     split = 0
     for call in ctx.facts.calls:
         if not vocab.is_link(call.qname, "Convolution2D"):
@@ -141,6 +151,53 @@ def plan(ctx: FileContext) -> None:
             f"output channels), else kept whole ({label})",
         )
     if split:
+        _check_replicas(ctx)
+
+
+def _plan_spatial(ctx: FileContext) -> None:
+    """Ask for the model classes holding convolutions to be wrapped where they are built."""
+    lifted = False
+    for call in ctx.facts.calls:
+        if not vocab.is_link(call.qname, "Convolution2D"):
+            continue
+        if ctx.suppressed(call.node, "model-parallel"):
+            continue
+        label = ctx.code(call.node)
+        if ctx.options.target == "chainermn":
+            ctx.note(
+                call.node,
+                "model-parallel",
+                "needs-person",
+                f"not split: ChainerMN has no spatial parallelism ({label})",
+            )
+            continue
+        if ctx.lift(call.func, "spatial-parallel", "convolutions", call.node):
+            lifted = True
+            ctx.note(
+                call.node,
+                "model-parallel",
+                "info",
+                f"split into slabs of rows where its model is built ({label})",
+            )
+            continue
+        ctx.note(
+            call.node,
+            "model-parallel",
+            "needs-person",
+            "not split: built outside a model class; wrap the model holding it with "
+            f"create_spatial_parallel_model(model, comm) ({label})",
+        )
+    if lifted:
+        ctx.note(
+            None,
+            "model-parallel",
+            "info",
+            "memory per rank: activations and their gradients are about 1/comm.size of one "
+            "process's (each rank holds a slab of rows, plus a halo of a few rows per window "
+            "layer); parameters, their gradients, the optimizer state and the input batch are "
+            "whole on every rank. Flattening a feature map into a Linear layer mixes rows and "
+            "is refused at the first call: end the convolutions with a global pooling",
+        )
         _check_replicas(ctx)
 
 

@@ -10,7 +10,7 @@ from mnify import vocabulary as vocab
 Target = Literal["mnify", "chainermn"]
 CommunicatorChoice = Literal["auto", "naive", "flat", "hierarchical", "pure_nccl"]
 Scaling = Literal["weak", "strong"]
-ModelParallel = Literal["none", "channel"]
+ModelParallel = Literal["none", "channel", "spatial"]
 ScaleLr = Literal["none", "linear"]
 
 

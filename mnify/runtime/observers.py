@@ -147,7 +147,10 @@ def payload_bytes(kind: str, args: tuple[Any, ...]) -> int:
     if isinstance(n, int):
         return n
     if isinstance(x, list | tuple):
-        return sum(int(getattr(a, "nbytes", 0) or 0) for a in x)
+        # arrays, or the (peer, array) pairs of a halo exchange's sends
+        return sum(
+            int(getattr(a[-1] if isinstance(a, tuple) else a, "nbytes", 0) or 0) for a in x
+        )
     return 0
 
 

@@ -21,6 +21,7 @@ import pytest
         "links.MultiNodeChainList",
         "links.create_channel_parallel_model",
         "links.create_mnbn_model",
+        "links.create_spatial_parallel_model",
         "GenericMultiNodeEvaluator",
         "extensions.GenericMultiNodeEvaluator",
         "iterators.create_multi_node_iterator",

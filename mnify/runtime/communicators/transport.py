@@ -250,6 +250,33 @@ class Transport:
         return from_bytes(data, header)
 
     @observers.point_to_point
+    def start_exchange(
+        self,
+        sends: Sequence[tuple[int, np.ndarray]],
+        recvs: Sequence[tuple[int, np.ndarray]],
+        tag: int = 0,
+    ) -> list[MPI.Request]:
+        """Post non-blocking sends of ``(dest, array)`` and receives into ``(source, buffer)``.
+
+        Both sides know every shape (a halo's rows follow from the layer's geometry), so no
+        header travels: the bytes go straight into the preallocated, contiguous numpy buffers.
+        Hand the requests to :meth:`finish_exchange`; work done in between overlaps the
+        transfer. Observers see the posting as one point-to-point call with peer -1 (several
+        peers); the wait in :meth:`finish_exchange` is published as a wait.
+        """
+        peers = [p for p, _ in sends] + [p for p, _ in recvs]
+        self._enter_p2p("exchange", peers[0] if peers else self.rank)
+        c = self.mpi_comm
+        requests = [c.Irecv([buf, MPI.BYTE], source=src, tag=tag) for src, buf in recvs]
+        requests += [c.Isend([data, MPI.BYTE], dest=dst, tag=tag) for dst, data in sends]
+        return requests
+
+    def finish_exchange(self, requests: list[MPI.Request]) -> None:
+        """Wait for the requests of :meth:`start_exchange` (under the watchdog's deadline)."""
+        if requests:
+            self._wait_all(requests)
+
+    @observers.point_to_point
     def send_obj(self, obj: Any, dest: int, tag: int = 0) -> None:
         payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         self._enter_p2p("send_obj", dest)

@@ -48,6 +48,14 @@ Channel-parallel convolution (ParallelConvolution2D):
     The inverse, for backward: ``x`` shaped ``(n, sum(counts), *spatial)`` becomes the rank-major
     1-D buffer of its channel slices ``x[:, c_r : c_r + counts[r]]`` (each block C-contiguous),
     written into ``out`` (allocated with ``x.dtype`` when None) and returned.
+
+Spatial parallelism (halo exchange of create_spatial_parallel_model):
+
+``halo_pack(x, axis, start, stop) -> block``
+    Rows ``start:stop`` of ``x`` along ``axis`` as a new C-contiguous array (a send buffer).
+``halo_unpack(pieces, shape, axis, fill, xp) -> out``
+    A new C-contiguous array of ``shape`` filled with ``fill`` (the padding), with each
+    ``(offset, block)`` of ``pieces`` copied into rows ``offset : offset + block.shape[axis]``.
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ __all__ = [
     "bn_backward_sums",
     "channel_sums",
     "gather_channels",
+    "halo_pack",
+    "halo_unpack",
     "pack",
     "prepare_pack",
     "prepare_unpack",
@@ -225,4 +235,34 @@ def split_channels(x: Any, counts: Sequence[int], out: Any = None) -> Any:
         host.split_channels(x, counts, out)
     else:
         _device().split_channels(x, counts, out)
+    return out
+
+
+def _copy_rows(src: Any, src_start: int, dst: Any, dst_start: int, n_rows: int, axis: int) -> None:
+    if _is_numpy(dst):
+        host.copy_rows(np.ascontiguousarray(src), src_start, dst, dst_start, n_rows, axis)
+    else:
+        _device().copy_rows(src, src_start, dst, dst_start, n_rows, axis)
+
+
+def halo_pack(x: Any, axis: int, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of ``x`` along ``axis``, as a new C-contiguous array."""
+    if not 0 <= start <= stop <= x.shape[axis]:
+        raise ValueError(f"halo_pack: rows {start}:{stop} outside 0:{x.shape[axis]}")
+    shape = (*x.shape[:axis], stop - start, *x.shape[axis + 1 :])
+    out = _empty_like_module(x, shape, x.dtype)
+    _copy_rows(x, start, out, 0, stop - start, axis)
+    return out
+
+
+def halo_unpack(
+    pieces: Sequence[tuple[int, Any]], shape: tuple[int, ...], axis: int, fill: float, xp: Any
+) -> Any:
+    """An array of ``shape`` filled with ``fill``, each ``(offset, block)`` copied into place."""
+    out = xp.full(shape, fill, dtype=pieces[0][1].dtype if pieces else np.float32)
+    for offset, block in pieces:
+        rows = int(block.shape[axis])
+        if not 0 <= offset <= offset + rows <= shape[axis]:
+            raise ValueError(f"halo_unpack: rows {offset}:{offset + rows} outside 0:{shape[axis]}")
+        _copy_rows(block, 0, out, offset, rows, axis)
     return out

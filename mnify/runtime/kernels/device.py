@@ -386,3 +386,25 @@ def _split_generic(x: Any, counts: Sequence[int], out: Any) -> None:
         block = n * c * math.prod(spatial)
         out[offset : offset + block] = x[:, c0 : c0 + c].reshape(-1)
         offset, c0 = offset + block, c0 + c
+
+
+def copy_rows(src: Any, src_start: int, dst: Any, dst_start: int, n_rows: int, axis: int) -> None:
+    """The halo row-block copy (see ``halo.cu``); ``dst`` must be C-contiguous."""
+    with dst.device:
+        src = cupy.ascontiguousarray(src)
+        outer = math.prod(src.shape[:axis])
+        inner = math.prod(src.shape[axis + 1 :])
+        total = outer * n_rows * inner
+        if total == 0:
+            return
+        if not _copyable(src.dtype):
+            host_like = dst.reshape(outer, dst.shape[axis], inner)
+            block = src.reshape(outer, src.shape[axis], inner)[:, src_start : src_start + n_rows]
+            host_like[:, dst_start : dst_start + n_rows] = block
+            return
+        wide = max(int(src.size), int(dst.size)) >= 2**31
+        index = np.uint64 if wide else np.uint32
+        fn = kernel("halo.cu", sources.halo_rows_name(src.dtype.itemsize, wide))
+        grid = max(1, min(-(-total // COPY_THREADS), 32 * sm_count()))
+        args = (outer, src.shape[axis], src_start, dst.shape[axis], dst_start, n_rows, inner)
+        fn((grid,), (COPY_THREADS,), (src, dst, *(index(a) for a in args)))

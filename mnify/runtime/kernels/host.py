@@ -111,3 +111,15 @@ def split_channels(x: np.ndarray, counts: Sequence[int], out: np.ndarray) -> Non
         out[offset : offset + block].reshape((n, c, *spatial))[...] = x[:, c0 : c0 + c]
         offset += block
         c0 += c
+
+
+def copy_rows(
+    src: np.ndarray, src_start: int, dst: np.ndarray, dst_start: int, n_rows: int, axis: int
+) -> None:
+    """Copy rows ``src_start .. +n_rows`` of ``src`` along ``axis`` to ``dst_start ..`` of ``dst``
+    (both C-contiguous, same shape except along ``axis``): the halo pack / unpack copy."""
+    outer = math.prod(src.shape[:axis])
+    inner = math.prod(src.shape[axis + 1 :])
+    s = src.reshape(outer, src.shape[axis], inner)
+    d = dst.reshape(outer, dst.shape[axis], inner)
+    d[:, dst_start : dst_start + n_rows] = s[:, src_start : src_start + n_rows]

@@ -14,7 +14,7 @@ from pathlib import Path
 KERNEL_DIR = Path(__file__).resolve().parent
 
 # source file -> what it provides (headers such as common.cu are only included)
-SOURCES: tuple[str, ...] = ("pack.cu", "channel_stats.cu", "channels.cu")
+SOURCES: tuple[str, ...] = ("pack.cu", "channel_stats.cu", "channels.cu", "halo.cu")
 HEADERS: tuple[str, ...] = ("common.cu",)
 
 # numpy dtype name -> the C type the kernels use for it (float16 travels as raw bits)
@@ -67,6 +67,12 @@ def channel_blocks_name(itemsize: int, wide_index: bool, gather: bool) -> str:
     return f"mnify_channel_blocks<{COPY_CTYPES[itemsize]}, {index}, {_flag(gather)}>"
 
 
+def halo_rows_name(itemsize: int, wide_index: bool) -> str:
+    """Row-block copy (halo pack / unpack) for one element size."""
+    index = "unsigned long long" if wide_index else "unsigned int"
+    return f"mnify_halo_rows<{COPY_CTYPES[itemsize]}, {index}>"
+
+
 def _all_names() -> dict[str, list[str]]:
     floats = list(FLOAT_CTYPES)
     return {
@@ -85,6 +91,7 @@ def _all_names() -> dict[str, list[str]]:
             for wide in (False, True)
             for gather in (True, False)
         ],
+        "halo.cu": [halo_rows_name(size, wide) for size in COPY_CTYPES for wide in (False, True)],
     }
 
 
