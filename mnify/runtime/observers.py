@@ -148,9 +148,7 @@ def payload_bytes(kind: str, args: tuple[Any, ...]) -> int:
         return n
     if isinstance(x, list | tuple):
         # arrays, or the (peer, array) pairs of a halo exchange's sends
-        return sum(
-            int(getattr(a[-1] if isinstance(a, tuple) else a, "nbytes", 0) or 0) for a in x
-        )
+        return sum(int(getattr(a[-1] if isinstance(a, tuple) else a, "nbytes", 0) or 0) for a in x)
     return 0
 
 
