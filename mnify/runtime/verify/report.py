@@ -54,6 +54,8 @@ def render(report: VerifyReport, nprocs: int) -> list[str]:
     verdict = (
         f"{count} finding{'s' if count != 1 else ''}"
         if count
+        else "no finding for a model-parallel run"
+        if report.model_parallel
         else "no finding: the ranks trained data-parallel"
     )
     out = [f"mnify verify ({report.updates} updates on {nprocs} ranks): {verdict}"]
