@@ -100,3 +100,9 @@ def test_examples_repeated_inside_a_ranks_own_data_do_not_count() -> None:
     # the same toy dataset, not scattered: its unique examples still give it away
     whole = patterns * 5 + [200, 201, 202]
     assert checks([record(r, whole[-3:], whole) for r in range(2)]) == [("same-data", [0, 1])]
+
+
+def test_model_parallel_global_batch_is_one_ranks_batch() -> None:
+    kw = {"model_parallel": ["a multi-node iterator sends rank 0's batches to every rank"]}
+    report = judge([record(r, [1, 2, 3], **kw) for r in range(2)], 3)
+    assert report.per_rank_batch == {"0": 1, "1": 1} and report.global_batch == 1

@@ -161,3 +161,16 @@ def test_verification_off_installs_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     probes = [line.split("PROBE ", 1)[1] for line in proc.stdout.splitlines() if "PROBE " in line]
     assert probes == ["False False 0", "False False 0"]
+
+
+def test_channel_parallel_run_is_judged_as_model_parallel(tmp_path: Path) -> None:
+    """Same data on every rank and different conv weights are by design: no finding."""
+    proc, data, _ = _verify(tmp_path, 2, "channel_parallel.py")
+    assert proc.returncode == 0, proc.stderr
+    verify = data["verify"]
+    assert verify["findings"] == []
+    assert verify["model_parallel"] == [
+        "a multi-node iterator sends rank 0's batches to every rank",
+        "channel-parallel link /predictor/conv1",
+    ]
+    assert verify["per_rank_batch"] == {"0": 8, "1": 8} and verify["global_batch"] == 8

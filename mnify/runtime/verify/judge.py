@@ -213,7 +213,8 @@ def judge(records: list[RankRecord], updates: int) -> VerifyReport:
         updates=updates,
         findings=findings,
         per_rank_batch=per_rank,
-        global_batch=sum(per_rank.values()) if per_rank else None,
+        # model parallel: every rank sees the same batch, so the global batch is one rank's
+        global_batch=(max if model_parallel else sum)(per_rank.values()) if per_rank else None,
         iterations_per_epoch={
             str(r.rank): int(r.iterations_per_epoch) for r in records if r.iterations_per_epoch
         },

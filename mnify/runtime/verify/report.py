@@ -45,10 +45,17 @@ def _ranks(ranks: list[int]) -> str:
 
 def render(report: VerifyReport, nprocs: int) -> list[str]:
     """The verdict block: one line per finding, then the facts a person checks the run by."""
+    if report.updates == 0 and not report.findings:
+        return [
+            f"mnify verify (on {nprocs} ranks): no update was verified (the job ended before "
+            "its first optimizer update, or rank 0 could not report)"
+        ]
     count = len(report.findings)
     verdict = (
         f"{count} finding{'s' if count != 1 else ''}"
         if count
+        else "no finding for a model-parallel run"
+        if report.model_parallel
         else "no finding: the ranks trained data-parallel"
     )
     out = [f"mnify verify ({report.updates} updates on {nprocs} ranks): {verdict}"]
