@@ -24,12 +24,14 @@ before):
   multi-node, extensions that write or print on rank 0 only. An extension of a class that is not
   Chainer's runs on every rank as before and is reported (it may write files).
 
-Rank 0 prints what it did, once per trainer. A trainer converted before, and a multi-node
-optimizer, are left as they are.
+Rank 0 prints what it did, once per trainer, and at exit says so if no Trainer ran at all (a
+hand-written loop is not reached). A trainer converted before, and a multi-node optimizer, are
+left as they are.
 """
 
 from __future__ import annotations
 
+import atexit
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -237,6 +239,8 @@ def distribute_trainer(trainer: Any, comm: CommunicatorBase) -> TrainerReport | 
     _distribute_iterators(trainer, comm, report)
     _describe_extensions(trainer, comm, report)
     distribute_extensions(trainer, comm)
+    global _converted
+    _converted += 1
     if comm.rank == 0:
         sizes = f"{comm.size} ranks, out {trainer.out!r}"
         print("\n".join(report.lines(sizes)), file=sys.stdout, flush=True)
@@ -250,6 +254,21 @@ def trainer_report(trainer: Any) -> TrainerReport | None:
 
 # the communicator the wrapped Trainer.run distributes over (the last distribute_trainers call)
 _comm: CommunicatorBase | None = None
+_converted = 0  # trainers this process converted
+
+
+def _say_if_no_trainer_ran() -> None:
+    """At exit on rank 0: a run in which no Trainer started was not distributed by this."""
+    if _converted == 0:
+        print(
+            "mnify: distribute_trainers: no chainer.training.Trainer ran in this process, so "
+            "nothing was made data-parallel at run time (a hand-written training loop needs "
+            "create_multi_node_optimizer and scatter_dataset where it is written)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 _WRAPPED = "_mn_distributes_trainers"
 
 
@@ -262,6 +281,8 @@ def distribute_trainers(comm: CommunicatorBase) -> None:
     trainer_class = chainer.training.Trainer
     if getattr(trainer_class.run, _WRAPPED, False):
         return
+    if comm.rank == 0:
+        atexit.register(_say_if_no_trainer_ran)
     original = trainer_class.run
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:

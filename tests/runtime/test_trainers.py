@@ -8,6 +8,7 @@ import pytest
 
 from mnify.runtime import trainers
 from tests.runtime.chainer_scripts.launch import run_script
+from tests.support.mpirun import run_ranks
 
 CHECKS = [
     "library helper: parameters of one process at the combined batch",
@@ -26,6 +27,23 @@ def test_distribute_trainers(n_ranks: int) -> None:
     assert len(summaries) == 4, summaries  # one per trainer that ran, on rank 0
     for rank in range(1, n_ranks):
         assert not [line for line in run.rank_lines(rank) if line.startswith("mnify:")]
+
+
+@pytest.mark.mpi
+def test_rank_0_says_when_no_trainer_ran() -> None:
+    """A run that trains without a Trainer is not reached; rank 0 says so at exit."""
+    script = (
+        "from mnify import runtime as mn\n"
+        "comm = mn.create_communicator('naive')\n"
+        "mn.distribute_trainers(comm)\n"
+        "print('a hand-written loop would run here', flush=True)\n"
+    )
+    run = run_ranks(2, script, timeout=120)
+    said = [
+        [line for line in run.rank_lines(r) if "no chainer.training.Trainer ran" in line]
+        for r in range(2)
+    ]
+    assert [len(s) for s in said] == [1, 0], run.describe()
 
 
 def test_multiprocess_iterator_is_rebuilt_with_its_own_arguments() -> None:
