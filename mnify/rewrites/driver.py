@@ -469,13 +469,14 @@ def _leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> 
     loads = any(
         vocab.is_dataset_factory(c.qname) for ctx in contexts.values() for c in ctx.facts.calls
     )
-    # an entry point that builds a model it never trains itself hands it to training elsewhere
+    # an entry point that builds a model and calls a training function it does not define
+    # (``run_train(model, ...)`` of a library) hands its model to training elsewhere
     models = any(
         vocab.is_link_name(c.qname) and c.cls is None
         for ctx in contexts.values()
         if ctx.entry is not None
         for c in ctx.facts.calls
-    )
+    ) and any(trainers.calls_training_elsewhere(ctx) for ctx in contexts.values())
     if not stranded and not built and (iterators or not (loads or models)):
         return  # no training at all here (a model or data module on its own)
     if stranded:

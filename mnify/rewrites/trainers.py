@@ -92,6 +92,23 @@ def covered_at_run_time(code: str, message: str) -> bool:
     return code == "MN401" and label is not None and label.group(1) in _CHAINER_WRITERS
 
 
+# what a function that trains is called (``run_train``, ``train_model``, ``fit``)
+_TRAINING_NAME = re.compile(r"train|fit", re.IGNORECASE)
+
+
+def calls_training_elsewhere(ctx: FileContext) -> bool:
+    """The entry point calls a training function that no converted file defines here and that
+    is not Chainer's (``from segkit import run_train``)."""
+    if ctx.entry is None:
+        return False
+    return any(
+        _TRAINING_NAME.search(vocab.last(c.qname))
+        and not vocab.is_chainer_name(c.qname)
+        and vocab.last(c.qname) not in ctx.facts.module_functions
+        for c in ctx.facts.calls
+    )
+
+
 def hosts(contexts: Mapping[str, FileContext]) -> list[FileContext]:
     """The files whose entry point gets the communicator and the ``distribute_trainers`` line:
     the training entry points. With several, those that call a function of the project that
@@ -114,7 +131,7 @@ def hosts(contexts: Mapping[str, FileContext]) -> list[FileContext]:
     calling = [
         ctx for ctx in entries if any(vocab.last(c.qname) in training for c in ctx.facts.calls)
     ]
-    return calling or entries
+    return calling or [ctx for ctx in entries if calls_training_elsewhere(ctx)] or entries
 
 
 def plan_host(ctx: FileContext, where: str) -> None:

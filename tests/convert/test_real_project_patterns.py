@@ -126,6 +126,24 @@ def test_training_in_a_library_outside_the_converted_files_is_distributed_at_run
     assert any("cache" in e.message for e in result.entries if e.step == "trainers")
 
 
+def test_a_script_that_only_evaluates_a_saved_model_gets_no_run_time_distribution() -> None:
+    """A model built and handed to no training function: no communicator, no line added."""
+    script = HEAD + textwrap.dedent(
+        """\
+        from segkit.metrics import score
+
+
+        def main():
+            model = L.Classifier(L.Linear(None, 10))
+            chainer.serializers.load_npz('model.npz', model)
+            print(score(model))
+        """
+    )
+    result = convert_source(script, "evaluate.py")
+    assert result.error is None and not result.changed
+    assert [e.code for e in result.entries if e.step == "communicator"] == ["MN801"]
+
+
 def test_a_helper_with_a_hand_written_loop_gets_no_run_time_distribution() -> None:
     """No Trainer in the converted files: distribute_trainers would not reach the loop, so it
     is not added (the loop is the static rewrites' to convert, or to report)."""
