@@ -554,7 +554,9 @@ def _distribute_at_run_time(
     if not outside:
         for ctx in contexts.values():
             entry_func = ctx.entry.func if ctx.entry is not None else None
-            quiet |= trainers.plan_caches(ctx, entry_func if id(ctx) in host_ids else None)
+            quiet |= trainers.plan_helpers(
+                contexts, ctx, entry_func if id(ctx) in host_ids else None
+            )
     for ctx in contexts.values():
         trainers.drop_answered_print_notes(ctx, quiet)
     for ctx in hosts:

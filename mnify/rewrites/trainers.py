@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.rewrites import call_sites
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import Guard, statement
 from mnify.rewrites.report import ReportEntry
@@ -201,9 +202,112 @@ def _writes(ctx: FileContext, block: cst.If) -> cst.FunctionDef | None | bool:
     return found
 
 
-def plan_caches(ctx: FileContext, entry_func: cst.FunctionDef | None) -> set[str]:
-    """Rank 0 builds each first-use cache in this file's helpers; every rank waits, then reads.
-    Returns the helpers whose every print now runs on rank 0 only (inside such a cache)."""
+def plan_helpers(
+    contexts: Mapping[str, FileContext], ctx: FileContext, entry_func: cst.FunctionDef | None
+) -> set[str]:
+    """What rank 0 alone must do in this file's helpers, which keep their signatures and take
+    the communicator with ``comm = mn.current_communicator()`` as their first statement: build
+    first-use caches (every rank waits, then reads), and call the project's writing extensions
+    and helpers. Returns the helpers whose every print now runs on rank 0 only."""
+    fetched: dict[int, cst.FunctionDef] = {}
+    _plan_caches(ctx, entry_func, fetched)
+    _plan_rank0_calls(contexts, ctx, entry_func, fetched)
+    for func in fetched.values():
+        _fetch_at_top(ctx, func)
+    return _printing_only_on_rank0(ctx)
+
+
+def _fetch_at_top(ctx: FileContext, func: cst.FunctionDef) -> None:
+    if not isinstance(func.body, cst.IndentedBlock) or not func.body.body:
+        return
+    stmts = list(func.body.body)
+    first = 1 if len(stmts) > 1 and _is_docstring(stmts[0]) else 0
+    fetch = f"comm = {ctx.runtime.top('current_communicator')}()\n"
+    ctx.plan.insert_before(stmts[first], [statement(fetch)], first=True)
+
+
+def _is_docstring(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _helper_of(
+    ctx: FileContext, func: cst.FunctionDef | None, entry_func: cst.FunctionDef | None
+) -> cst.FunctionDef | None:
+    """The module-level helper around ``func`` that may fetch the communicator (not the entry
+    point, not a method, not one that already has a ``comm`` of its own)."""
+    scope = ctx.outermost_scope(func)
+    if not isinstance(scope, cst.FunctionDef) or scope is entry_func:
+        return None
+    if ctx.facts.func_class.get(id(scope)) is not None:
+        return None
+    return scope
+
+
+def _plan_rank0_calls(
+    contexts: Mapping[str, FileContext],
+    ctx: FileContext,
+    entry_func: cst.FunctionDef | None,
+    fetched: dict[int, cst.FunctionDef],
+) -> None:
+    """``trainer.extend(LossHistory(...))`` in a helper, where the project's ``LossHistory``
+    writes files: on rank 0 only (the rank-0 guard could not reach it: no communicator)."""
+    lifts = [lift for c in contexts.values() for lift in c.lifts if lift.kind == "rank0"]
+    for call in ctx.facts.calls:
+        lift = next((lift for lift in lifts if call_sites.matches(ctx, call, lift)), None)
+        if lift is None or ctx.visible(call.func):
+            continue
+        helper = _helper_of(ctx, call.func, entry_func)
+        stmt = call.stmt
+        if helper is None or not _is_call_statement(ctx, stmt, call.node):
+            continue
+        assert stmt is not None
+        if ctx.on_rank0_already(stmt) or ctx.plan.is_guarded(stmt) or ctx.reaches_collective(stmt):
+            continue
+        if ctx.suppressed(stmt, STEP) or (
+            "comm" in names_in([helper]) and id(helper) not in fetched
+        ):
+            continue
+        line = ctx.line(call.node)
+        ctx.entries = [
+            e
+            for e in ctx.entries
+            if not (e.step == "rank0-guard" and e.severity == "needs-person" and e.line == line)
+        ]
+        fetched[id(helper)] = helper
+        ctx.plan.guard_stmt(stmt, Guard("rank0"))
+        ctx.note(
+            stmt,
+            STEP,
+            "changed",
+            f"{lift.name}() writes ({lift.label}): called on rank 0 only in "
+            f"{helper.name.value}(), which takes the communicator with "
+            "mn.current_communicator()",
+            CODE,
+            claim=("guarded", stmt),
+        )
+
+
+def _is_call_statement(ctx: FileContext, stmt: cst.BaseStatement | None, call: cst.Call) -> bool:
+    """``stmt`` is one expression statement whose value is ``call`` or a call that takes it
+    (``trainer.extend(call, trigger=...)``): nothing it binds is missing on the other ranks."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    expr = stmt.body[0]
+    if not isinstance(expr, cst.Expr) or not isinstance(expr.value, cst.Call):
+        return False
+    outer = expr.value
+    return outer is call or any(arg.value is call for arg in outer.args)
+
+
+def _plan_caches(
+    ctx: FileContext, entry_func: cst.FunctionDef | None, fetched: dict[int, cst.FunctionDef]
+) -> None:
+    """Rank 0 builds each first-use cache in this file's helpers; every rank waits, then reads."""
     ifs = [
         stmt
         for stmt in ctx.facts.stmt_order
@@ -229,7 +333,7 @@ def plan_caches(ctx: FileContext, entry_func: cst.FunctionDef | None) -> set[str
                     CODE,
                 )
             continue
-        if "comm" in names_in([func]):
+        if "comm" in names_in([func]) and id(func) not in fetched:
             ctx.note(
                 block,
                 STEP,
@@ -239,8 +343,7 @@ def plan_caches(ctx: FileContext, entry_func: cst.FunctionDef | None) -> set[str
                 CODE,
             )
             continue
-        fetch = f"comm = {ctx.runtime.top('current_communicator')}()\n"
-        ctx.plan.insert_before(block, [statement(fetch)])
+        fetched[id(func)] = func
         ctx.plan.guard_stmt(block, Guard("cache"))
         ctx.plan.insert_after(block, [statement("comm.barrier()\n")])
         ctx.note(
@@ -253,7 +356,6 @@ def plan_caches(ctx: FileContext, entry_func: cst.FunctionDef | None) -> set[str
             CODE,
             claim=("guarded", block),
         )
-    return _printing_only_on_rank0(ctx)
 
 
 def _printing_only_on_rank0(ctx: FileContext) -> set[str]:

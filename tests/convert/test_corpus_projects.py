@@ -46,13 +46,7 @@ CONVERT_FAILURES: dict[str, str] = {}
 # project -> what goes wrong when the converted project runs on 2 ranks (exit status, rank 1
 # writes, the tail runs twice, a deadlock, training that is not data parallel); the first
 # failure the run hits comes first, with the issue 12 pattern number
-E2E_FAILURES: dict[str, str] = {
-    "helper_trainer": (
-        "pattern 7: LossHistory, the project's own extension (lib/extensions.py), writes "
-        "result/loss_history.json on rank 1 too: mn.distribute_trainers keeps Chainer's writing "
-        "extensions on rank 0 only and reports any other extension as needing a person"
-    ),
-}
+E2E_FAILURES: dict[str, str] = {}
 
 
 def _params(known: dict[str, str]) -> list[pytest.ParameterSet]:

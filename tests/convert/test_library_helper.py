@@ -160,7 +160,7 @@ def test_conversion_adds_distribute_trainers_and_builds_the_cache_on_rank_0(
     statements = load.body
     at = next(i for i, s in enumerate(statements) if isinstance(s, ast.If))
     guard = statements[at]
-    assert ast.unparse(statements[at - 1]) == "comm = mn.current_communicator()"
+    assert ast.unparse(statements[1]) == "comm = mn.current_communicator()"  # after the docstring
     assert ast.unparse(guard.test) == "comm.rank == 0" and not guard.orelse
     assert [ast.unparse(s.test) for s in guard.body] == ["not os.path.exists(path)"]
     assert ast.unparse(statements[at + 1]) == "comm.barrier()"
