@@ -7,11 +7,14 @@ training runs a Chainer ``Trainer``, the runtime converts the Trainer when it st
 adds one explicit line after it, and says so. ChainerMN has no such function: under
 ``--target chainermn`` the project is left as it is and the report says why.
 
-Preprocessing caches that such helpers build on first use (``if not os.path.exists(cache):``
-build and save) would be built by every rank at once (a ``FileExistsError`` from ``makedirs``,
-or a reader of a half-written file). In a converted file the cache's ``if`` runs on rank 0 and
-every rank waits at ``comm.barrier()`` before reading it; a helper outside the converted files
-cannot be changed, and the report says so.
+What the runtime cannot know is done in the helpers of the converted files, which keep their
+signatures and take the communicator with ``comm = mn.current_communicator()`` as their first
+statement: a preprocessing cache built on first use (``if not os.path.exists(cache):`` build and
+save) would be built by every rank at once (a ``FileExistsError`` from ``makedirs``, or a reader
+of a half-written file), so its ``if`` runs on rank 0 and every rank waits at ``comm.barrier()``
+before reading it; the project's own writing extensions (``trainer.extend(LossHistory(...))``)
+are registered on rank 0 only. A helper outside the converted files cannot be changed, and the
+report says so.
 """
 
 from __future__ import annotations
