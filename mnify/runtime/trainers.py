@@ -198,6 +198,9 @@ def _distribute_iterators(trainer: Any, comm: CommunicatorBase, report: TrainerR
         extension = entry.extension
         if not isinstance(extension, chainer_extensions.Evaluator):
             continue
+        if "_mn_original_evaluate" in vars(extension):
+            report.left.append(f"evaluator {ext_name!r}: multi-node already, its data as it is")
+            continue
         iterators = extension._iterators
         for name, iterator in list(iterators.items()):
             label = f"evaluator {ext_name!r} iterator {name!r}"

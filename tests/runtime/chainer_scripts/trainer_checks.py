@@ -188,10 +188,13 @@ def check_reports_and_idempotence() -> None:
     optimizer.setup(model)
     it = chainer.iterators.MultithreadIterator(share, 2, n_threads=2, shuffle=False)
     trainer = trainer_over(it, model, optimizer)
+    valid = chainer.iterators.SerialIterator(make_data(N_TEST, 2), 3, repeat=False)
+    trainer.extend(mn.create_multi_node_evaluator(extensions.Evaluator(valid, model), comm))
     trainer.run()
     report = mn.trainers.trainer_report(trainer)
     assert report is not None and report.optimizers == [] and report.iterators == [], report
-    assert len(report.left) == 2, report.left
+    assert len(report.left) == 3 and report.needs_person == [], report
+    assert trainer.get_extension("validation").get_iterator("main") is valid
     assert trainer.updater.get_optimizer("main") is optimizer
     assert trainer.updater.get_iterator("main") is it
     assert mn.distribute_trainer(trainer, comm) is None  # converted once only
