@@ -36,7 +36,7 @@ _WRAPPERS: dict[LiftKind, tuple[str, str]] = {
 }
 
 
-def _matches(ctx: FileContext, call: CallFact, lift: Lift) -> bool:
+def matches(ctx: FileContext, call: CallFact, lift: Lift) -> bool:
     """Whether ``call`` calls the lifted function/class (by its resolved name)."""
     bare = call.qname.lstrip(".")
     if not bare:
@@ -130,7 +130,7 @@ def plan_project(contexts: Mapping[str, FileContext]) -> None:
                     grown.append(lift)
             for call in ctx.facts.calls:
                 for lift in lifts:
-                    if lift.kind in ("rank0", "extensions") or not _matches(ctx, call, lift):
+                    if lift.kind in ("rank0", "extensions") or not matches(ctx, call, lift):
                         continue
                     if ctx.visible(call.func):
                         continue
@@ -248,7 +248,7 @@ def _models_built_elsewhere(ctx: FileContext, lifts: list[Lift]) -> None:
             continue
         if _already_wrapped(ctx, fact, "mnbn") or vocab.is_mnbn_factory(fact.qname):
             continue
-        if any(_matches(ctx, fact, lift) for lift in lifts if lift.kind == "mnbn"):
+        if any(matches(ctx, fact, lift) for lift in lifts if lift.kind == "mnbn"):
             continue  # its construction is wrapped already
         if vocab.is_chainer_name(fact.qname) and not vocab.is_library_bn_model(fact.qname):
             # a Chainer link: only a wrapper (L.Classifier(build(...))) of a model built elsewhere
@@ -260,7 +260,7 @@ def _models_built_elsewhere(ctx: FileContext, lifts: list[Lift]) -> None:
                 or vocab.is_mnbn_factory(inner_fact.qname)
             ):
                 continue
-            if any(_matches(ctx, inner_fact, lift) for lift in lifts if lift.kind == "mnbn"):
+            if any(matches(ctx, inner_fact, lift) for lift in lifts if lift.kind == "mnbn"):
                 continue  # L.Classifier(Net()): Net() itself is converted where it is built
         if ctx.plan.nodes.get(id(fact.node)) is not None or ctx.suppressed(fact.node, "batchnorm"):
             continue
@@ -282,7 +282,7 @@ def _apply(ctx: FileContext, lifts: list[Lift]) -> None:
     done: set[tuple[int, LiftKind]] = set()
     for call in ctx.facts.calls:
         for lift in lifts:
-            if not _matches(ctx, call, lift) or (id(call.node), lift.kind) in done:
+            if not matches(ctx, call, lift) or (id(call.node), lift.kind) in done:
                 continue
             done.add((id(call.node), lift.kind))
             if not ctx.visible(call.func):

@@ -463,6 +463,8 @@ def emit(ctx: FileContext, preamble: list[cst.BaseStatement]) -> None:
         return
     _before_creation(ctx, entry, bool(preamble))
     new = [*preamble, *creation_statements(ctx)]
+    if ctx.distribute_trainers:  # training out of the converter's reach (rewrites.trainers)
+        new.append(statement(f"{ctx.runtime.top('distribute_trainers')}({entry.comm})\n"))
     guard = entry.guard if isinstance(entry, Home) else None
     if entry.anchor is not None:
         if ctx.suppressed(entry.anchor, "communicator"):

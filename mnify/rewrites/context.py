@@ -97,6 +97,8 @@ class FileContext:
     # current_communicator() (id -> function); those whose code was given comm
     _training_helpers: dict[int, cst.FunctionDef] | None = None
     helpers_given_comm: dict[int, cst.FunctionDef] = field(default_factory=dict)
+    # the communicator is followed by mn.distribute_trainers(comm) (training out of reach)
+    distribute_trainers: bool = False
     _early_helpers: list[cst.FunctionDef | cst.ClassDef] | None = None
     _positions: object | None = None
     _suppressions: Suppressions | None = None

@@ -32,7 +32,7 @@ from mnify.lint import (
     project_collectives,
 )
 from mnify.lint.noqa import parse_suppressions
-from mnify.rewrites import call_sites, communicator, distributed, evaluator, imports
+from mnify.rewrites import call_sites, communicator, distributed, evaluator, imports, trainers
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import ApplyEdits, EditPlan
 from mnify.rewrites.facts import FactCollector
@@ -207,6 +207,9 @@ def _new_collective_findings(
     trees = {p: ast.parse(text) for p, text in outputs.items()}
     # lint findings inside helpers whose work the converter did where they are called
     done_at_call = _helpers_converted_at_call_sites(trees.values())
+    at_run_time = any(
+        _called_name(node) == trainers.FUNCTION for t in trees.values() for node in ast.walk(t)
+    )
     for path, result in done.items():
         try:
             if path not in wrappers:
@@ -243,6 +246,8 @@ def _new_collective_findings(
                 continue
             if finding.code == "MN502" and mnbn_somewhere:
                 continue  # the model is converted where another file builds it
+            if at_run_time and trainers.covered_at_run_time(finding.code, finding.message):
+                continue  # mn.distribute_trainers(comm) converts it when its Trainer runs
             fixed_in = done_at_call.get(finding.code)
             if fixed_in and _enclosing_function(trees[path], finding.line) in fixed_in:
                 continue
@@ -412,7 +417,7 @@ def _leave_alone_scripts_that_do_not_train(contexts: Mapping[str, FileContext]) 
     and stays as it is, instead of needing MPI or evaluating one shard."""
     for ctx in contexts.values():
         entry = ctx.entry
-        if entry is None or entry.exists or not ctx.comm_needed:
+        if entry is None or entry.exists or not ctx.comm_needed or ctx.distribute_trainers:
             continue
         if not ctx.options.data_parallel or ctx.options.only_codes is not None:
             continue
@@ -464,7 +469,15 @@ def _leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> 
     loads = any(
         vocab.is_dataset_factory(c.qname) for ctx in contexts.values() for c in ctx.facts.calls
     )
-    if not stranded and not built and (iterators or not loads):
+    # an entry point that builds a model and calls a training function it does not define
+    # (``run_train(model, ...)`` of a library) hands its model to training elsewhere
+    models = any(
+        vocab.is_link_name(c.qname) and c.cls is None
+        for ctx in contexts.values()
+        if ctx.entry is not None
+        for c in ctx.facts.calls
+    ) and any(trainers.calls_training_elsewhere(ctx) for ctx in contexts.values())
+    if not stranded and not built and (iterators or not (loads or models)):
         return  # no training at all here (a model or data module on its own)
     if stranded:
         where = (
@@ -482,6 +495,16 @@ def _leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> 
             "no optimizer is built in the converted files: training happens in code that was "
             "not converted (a library helper)"
         )
+    trains_with_a_trainer = any(
+        vocab.is_trainer(c.qname) for ctx in contexts.values() for c in ctx.facts.calls
+    )
+    hosts = trainers.hosts(contexts)
+    mnify_target = all(ctx.options.target == "mnify" for ctx in contexts.values())
+    # a project converted before (its communicator exists) is left as it is, as below
+    fresh = not any(ctx.entry is not None and ctx.entry.exists for ctx in contexts.values())
+    if mnify_target and fresh and hosts and (trains_with_a_trainer or not (stranded or built)):
+        _distribute_at_run_time(contexts, hosts, where, outside=not (stranded or built))
+        return
     for ctx in contexts.values():
         _reset(ctx)
         ctx.entries = [e for e in ctx.entries if e.severity == "needs-person"]
@@ -495,10 +518,51 @@ def _leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> 
             f"nothing was parallelised: {where}. Pass a communicator into the code that trains "
             "(create it where the script starts, hand it down) and wrap its optimizer with "
             "create_multi_node_optimizer and its datasets with scatter_dataset there, or convert "
-            "that code too; a script that only looked converted would train N identical copies",
+            "that code too; a script that only looked converted would train N identical copies"
+            + (
+                ""
+                if mnify_target
+                else " (ChainerMN has no run-time distribution of trainers; with --target "
+                "mnify the converter adds mn.distribute_trainers(comm) when that code runs a "
+                "chainer Trainer)"
+            ),
             "MN503",
         )
     )
+
+
+# needs-person entries that run-time distribution answers (the optimizer, datasets and
+# evaluators of the unreachable training code)
+_COVERED_AT_RUN_TIME = frozenset({"optimizer", "dataset", "evaluator"})
+
+
+def _distribute_at_run_time(
+    contexts: Mapping[str, FileContext], hosts: list[FileContext], where: str, outside: bool
+) -> None:
+    """The fallback when the training runs a Trainer the converter cannot reach: everything
+    planned stays (rank guards, the communicator), each host gets
+    ``mn.distribute_trainers(comm)`` after its communicator, and the helpers' first-use caches
+    are built by rank 0 (``rewrites.trainers``)."""
+    host_ids = {id(ctx) for ctx in hosts}
+    for ctx in contexts.values():
+        ctx.entries = [
+            e
+            for e in ctx.entries
+            if not (e.severity == "needs-person" and e.step in _COVERED_AT_RUN_TIME)
+        ]
+    quiet: set[str] = set()
+    if not outside:
+        for ctx in contexts.values():
+            entry_func = ctx.entry.func if ctx.entry is not None else None
+            quiet |= trainers.plan_helpers(
+                contexts, ctx, entry_func if id(ctx) in host_ids else None
+            )
+    for ctx in contexts.values():
+        trainers.drop_answered_print_notes(ctx, quiet)
+    for ctx in hosts:
+        trainers.plan_host(ctx, where)
+        if outside:
+            trainers.report_unreachable_caches(ctx)
 
 
 def _plan_file(ctx: FileContext) -> None:

@@ -49,6 +49,7 @@ _REWRITES: dict[str, Rewrite] = {}
 # Steps that are not planning functions but still have codes (emitted late, or project-wide).
 _OTHER_STEPS: dict[str, tuple[str, ...]] = {
     "threading": ("MN811",),
+    "trainers": ("MN813",),
     "lint": (),
     "distributed": (),
 }

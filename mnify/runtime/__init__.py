@@ -28,6 +28,8 @@ _NAMES: dict[str, str] = {
     "GenericMultiNodeEvaluator": "extensions",
     "LinearWarmup": "extensions",
     "distribute_extensions": "extensions",
+    "distribute_trainers": "trainers",
+    "distribute_trainer": "trainers",
     "create_multi_node_iterator": "iterators",
     "create_synchronized_iterator": "iterators",
 }
@@ -41,6 +43,7 @@ _SUBMODULES = frozenset(
         "kernels",
         "links",
         "optimizers",
+        "trainers",
     }
 )
 

@@ -309,12 +309,15 @@ if __name__ == "__main__":
         return _run(self, *args, **kwargs)
 
     chainer.training.Trainer.run = run
+    # a repeating iterator's dataset counts once the iterator yields a batch (one built and
+    # then replaced before training, as mn.distribute_trainers does, trained on nothing)
     for cls in (chainer.iterators.SerialIterator, chainer.iterators.MultiprocessIterator):
-        def init(self, dataset, *args, _init=cls.__init__, **kwargs):
-            _init(self, dataset, *args, **kwargs)
+        def next_batch(self, _next=cls.__next__):
             if getattr(self, "repeat", getattr(self, "_repeat", False)):
-                _remember(dataset)
-        cls.__init__ = init
+                _remember(self.dataset)
+            return _next(self)
+        cls.__next__ = next_batch
+        cls.next = next_batch
 
     try:
         runpy.run_path(SCRIPT, run_name="__main__")

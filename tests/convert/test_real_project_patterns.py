@@ -26,7 +26,15 @@ def _main(text: str) -> list[str]:
     return [ast.unparse(s) for s in main.body]
 
 
-def test_training_inside_a_helper_that_keeps_its_optimizer_is_left_alone_and_said() -> None:
+def _entries(results, severity: str, step: str) -> list:
+    return [e for r in results for e in r.entries if e.severity == severity and e.step == step]
+
+
+def test_training_inside_a_helper_that_keeps_its_optimizer_is_distributed_at_run_time() -> None:
+    """Issue 21: a Trainer built and run by a helper that keeps its optimizer cannot be converted
+    statically; the entry point creates the communicator and calls mn.distribute_trainers(comm)
+    right after it, and the report says what that covers. ChainerMN has no such function:
+    under --target chainermn the project is left as it is, and said."""
     lib = textwrap.dedent(
         """\
         import chainer
@@ -59,10 +67,121 @@ def test_training_inside_a_helper_that_keeps_its_optimizer_is_left_alone_and_sai
             run_train(L.Classifier(L.Linear(None, 10)), train)
         """
     )
+    sources = {"p/train.py": train, "p/lib.py": lib}
+    results = convert_sources(sources)
+    assert all(r.error is None for r in results)
+    assert not results[1].changed, "the helper has nothing rank 0 alone must do"
+    assert results[0].output is not None
+    main = _main(results[0].output)
+    creation = next(i for i, s in enumerate(main) if s.startswith("comm = mn.create_communicator("))
+    assert main[creation + 1] == "mn.distribute_trainers(comm)"
+    assert "if comm.rank == 0:\n    print('training')" in main
+    assert "run_train(L.Classifier(L.Linear(None, 10)), train)" in main  # on every rank
+    said = _entries(results, "changed", "trainers")
+    assert [(e.path, e.code) for e in said] == [("p/train.py", "MN813")]
+    assert "lib.py:" in said[0].message and "Trainer" in said[0].message
+    assert [e.code for e in _entries(results, "needs-person", "trainers")] == ["MN813"]
+    # what the runtime converts is no longer listed as needing a person
+    assert not [
+        e
+        for r in results
+        for e in r.entries
+        if e.severity == "needs-person" and e.code in ("MN503", "MN504", "MN505")
+    ]
+
+    kept = convert_sources(sources, ConvertOptions(target="chainermn"))
+    assert all(r.error is None and not r.changed for r in kept)
+    notes = [e for r in kept for e in r.entries if e.severity == "needs-person"]
+    assert [e.code for e in notes if e.message.startswith("nothing was parallelised")] == ["MN503"]
+    assert any("distribute_trainers" in e.message for e in notes)
+
+
+def test_training_in_a_library_outside_the_converted_files_is_distributed_at_run_time() -> None:
+    """Only the script is converted; ``run_train`` comes from an installed package. The
+    communicator and mn.distribute_trainers(comm) are added, and the report says that the
+    package's first-use caches cannot be changed here."""
+    train = HEAD + textwrap.dedent(
+        """\
+        from segkit.training import run_train
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument('--out', default='result')
+            args = parser.parse_args()
+            train, valid = chainer.datasets.get_mnist()
+            model = L.Classifier(L.Linear(None, 10))
+            run_train(model, train, valid, batchsize=32, epoch=1, out=args.out)
+            chainer.serializers.save_npz('model.npz', model)
+        """
+    )
+    result = convert_source(train, "train.py")
+    assert result.error is None and result.output is not None
+    main = _main(result.output)
+    creation = next(i for i, s in enumerate(main) if s.startswith("comm = mn.create_communicator("))
+    assert main[creation + 1] == "mn.distribute_trainers(comm)"
+    assert "if comm.rank == 0:\n    chainer.serializers.save_npz('model.npz', model)" in main
+    steps = sorted((e.severity, e.code) for e in result.entries if e.step == "trainers")
+    assert steps == [("changed", "MN813"), ("needs-person", "MN813"), ("needs-person", "MN813")]
+    assert any("cache" in e.message for e in result.entries if e.step == "trainers")
+
+
+def test_a_script_that_only_evaluates_a_saved_model_gets_no_run_time_distribution() -> None:
+    """A model built and handed to no training function: no communicator, no line added."""
+    script = HEAD + textwrap.dedent(
+        """\
+        from segkit.metrics import score
+
+
+        def main():
+            model = L.Classifier(L.Linear(None, 10))
+            chainer.serializers.load_npz('model.npz', model)
+            print(score(model))
+        """
+    )
+    result = convert_source(script, "evaluate.py")
+    assert result.error is None and not result.changed
+    assert [e.code for e in result.entries if e.step == "communicator"] == ["MN801"]
+
+
+def test_a_helper_with_a_hand_written_loop_gets_no_run_time_distribution() -> None:
+    """No Trainer in the converted files: distribute_trainers would not reach the loop, so it
+    is not added (the loop is the static rewrites' to convert, or to report)."""
+    lib = textwrap.dedent(
+        """\
+        import chainer
+
+
+        def fit(model, train, epochs):
+            optimizer = chainer.optimizers.SGD()
+            optimizer.setup(model)
+            for _ in range(epochs):
+                for x, t in chainer.iterators.SerialIterator(train, 8, repeat=False):
+                    optimizer.update(model, x, t)
+        """
+    )
+    train = HEAD + textwrap.dedent(
+        """\
+        from lib import fit
+
+
+        def main():
+            train, test = chainer.datasets.get_mnist()
+            fit(L.Classifier(L.Linear(None, 10)), train, 1)
+        """
+    )
     results = convert_sources({"p/train.py": train, "p/lib.py": lib})
-    assert all(r.error is None and not r.changed for r in results)
-    notes = [e for r in results for e in r.entries if e.severity == "needs-person"]
-    assert any(e.message.startswith("nothing was parallelised") for e in notes)
+    assert all(r.error is None and r.output is not None for r in results)
+    calls = [
+        node.func
+        for r in results
+        for node in ast.walk(ast.parse(r.output or ""))
+        if isinstance(node, ast.Call)
+    ]
+    assert not [
+        f for f in calls if isinstance(f, ast.Attribute) and f.attr == "distribute_trainers"
+    ]
+    assert not [e for r in results for e in r.entries if e.step == "trainers"]
 
 
 def test_a_training_helper_of_the_script_fetches_the_communicator_and_keeps_its_signature() -> None:

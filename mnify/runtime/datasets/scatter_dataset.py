@@ -17,6 +17,7 @@ Here the root cuts each rank's share out and sends only that:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -87,7 +88,7 @@ def scatter_dataset(
     if comm.rank != root:
         spec = comm.recv_obj(source=root, tag=_TAG)
         received = [comm.recv(source=root, tag=_TAG) for _ in range(spec.n_arrays)]
-        return _assemble(spec.layout, iter(received))
+        return _remember_share(_assemble(spec.layout, iter(received)))
     if dataset is None:
         raise ValueError(f"scatter_dataset: the root rank {root} passed dataset=None")
     n_total = len(dataset)
@@ -104,7 +105,40 @@ def scatter_dataset(
         for array in arrays:
             comm.send(np.ascontiguousarray(array), dest=rank, tag=_TAG)
         del arrays
-    return mine
+    return _remember_share(mine)
+
+
+# Results of scatter_dataset in this process, by id: a weak reference (dropped with the share),
+# or the share itself where it cannot be weakly referenced (a list of examples), which keeps it
+# alive so that its id is never reused while it is here.
+_SHARES: dict[int, Any] = {}
+
+
+def _remember_share(share: Any) -> Any:
+    key = id(share)
+
+    def forget(_: object) -> None:
+        _SHARES.pop(key, None)
+
+    try:
+        _SHARES[key] = weakref.ref(share, forget)
+    except TypeError:
+        _SHARES[key] = share
+    return share
+
+
+def is_share(dataset: Any, depth: int = 4) -> bool:
+    """Whether ``dataset`` is (or wraps, as a ``SubDataset`` or ``TransformDataset`` does) a
+    share this process received from :func:`scatter_dataset`: distributing it again would split
+    it once more."""
+    for _ in range(depth):
+        if dataset is None:
+            return False
+        known = _SHARES.get(id(dataset))
+        if known is dataset or (isinstance(known, weakref.ref) and known() is dataset):
+            return True
+        dataset = getattr(dataset, "_dataset", None)
+    return False
 
 
 # Messages of one scatter_dataset call; a tag of its own keeps them apart from the user's.

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
 
 # Extensions that only write files or print: rank 0's.
-_RANK0_ONLY: tuple[type, ...] = (
+RANK0_ONLY: tuple[type, ...] = (
     chainer_extensions.PrintReport,
     chainer_extensions.ProgressBar,
     chainer_extensions.PlotReport,
@@ -54,6 +54,6 @@ def distribute_extensions(trainer: Any, comm: CommunicatorBase) -> Any:
         elif comm.rank != 0:
             if isinstance(extension, chainer_extensions.LogReport):
                 extension._log_name = None  # keep the log in memory, write no file
-            elif isinstance(extension, _RANK0_ONLY):
+            elif isinstance(extension, RANK0_ONLY):
                 del entries[name]
     return trainer
