@@ -5,7 +5,8 @@ A SIGKILLed ``mnify run`` ends its launcher (the parent-death signal,
 job's ``/dev/shm`` segments nor the launcher's ``TMPDIR/ompi.PID``. So ``mnify run`` starts a
 small helper process beside the job (``python -m mnify.launch.janitor``, its own session, so
 neither Ctrl-C nor the job's stop reaches it) and tells it, one line at a time on its stdin,
-what the job's files and processes are. ``done`` means ``mnify run`` has cleaned up itself. At
+what the job's files and processes are, and when it started (the segments it made that nobody
+holds at the end are its own, even those it was not told of). ``done`` means ``mnify run`` has cleaned up itself. At
 end of input without ``done`` (``mnify run`` died), the janitor waits for the job's processes to
 end (at most ``WAIT_FOR_JOB`` seconds) and reclaims the files nobody holds.
 """
@@ -59,6 +60,11 @@ class Janitor:
     def file(self, path: Path | str) -> None:
         self._send(f"file {path}")
 
+    def since(self, started: float) -> None:
+        """The job started at ``started`` (``time.time()``): unheld segments made since then
+        are the job's."""
+        self._send(f"since {started!r}")
+
     def done(self) -> None:
         self._send("done")
         if self.proc is not None and self.proc.stdin is not None:
@@ -80,6 +86,7 @@ def _package_root(existing: str | None) -> str:
 def serve(stream: IO[str]) -> None:
     pids: list[int] = []
     files: list[Path] = []
+    since: float | None = None
     for raw in stream:
         word, _, rest = raw.strip().partition(" ")
         if word == "done":
@@ -88,10 +95,18 @@ def serve(stream: IO[str]) -> None:
             pids.append(int(rest))
         elif word == "file" and rest:
             files.append(Path(rest))
+        elif word == "since":
+            try:
+                since = float(rest)
+            except ValueError:
+                pass
     deadline = time.monotonic() + WAIT_FOR_JOB
     while time.monotonic() < deadline and any(mpi_files.pid_alive(p) for p in pids):
         time.sleep(0.1)
     mpi_files.reclaim(files)
+    if since is not None:
+        # the job's segments that were not known yet (killed right after it started)
+        mpi_files.remove(f.path for f in mpi_files.find_leftovers(min_age=0, created_after=since))
 
 
 def main() -> None:

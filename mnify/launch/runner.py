@@ -259,6 +259,8 @@ def _run(
     cwd: str | None,
 ) -> JobResult:
     janitor = Janitor()  # removes the job's files should mnify run be SIGKILLed
+    started = time.time()
+    janitor.since(started)
     proc = subprocess.Popen(
         command.argv,
         env=env,
@@ -360,6 +362,9 @@ def _run(
     _wait_for_ranks(watch.pids())
     watch.poll(time.monotonic())
     reclaimed = mpi_files.reclaim(processes.files())
+    reclaimed += mpi_files.remove(
+        f.path for f in mpi_files.find_leftovers(min_age=0, created_after=started)
+    )  # the job's segments it ended too early to be seen with
     reclaimed += mpi_files.remove(
         leftover.path for leftover in mpi_files.find_leftovers()
     )  # what earlier jobs, killed with their launcher, left behind

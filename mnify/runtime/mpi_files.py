@@ -141,11 +141,13 @@ def _inside(held: set[str], directory: Path) -> bool:
 def find_leftovers(
     *,
     min_age: float = DEFAULT_MIN_AGE,
+    created_after: float | None = None,
     shm_dir: Path = SHM_DIR,
     tmp_dir: Path | None = None,
     uid: int | None = None,
 ) -> list[Leftover]:
-    """This user's Open MPI entries that no live process holds and that are ``min_age`` old."""
+    """This user's Open MPI entries that no live process holds and that are ``min_age`` old
+    (``created_after``: only segments made since that time, a job's own at its end)."""
     tmp = temp_dir() if tmp_dir is None else tmp_dir
     uid = os.getuid() if uid is None else uid
     now = time.time()
@@ -158,8 +160,10 @@ def find_leftovers(
             continue
         if str(entry) in held:
             live_jobs.add(match.group("job"))
-        elif _age(entry, now) >= min_age:
+        elif _age(entry, now) >= min_age and _made_since(entry, created_after):
             found.append(Leftover(entry, "segment", _size(entry)))
+    if created_after is not None:
+        return found
     for entry in _entries(tmp):
         launcher = _LAUNCHER_DIR.match(entry.name)
         if launcher is not None and _owned(entry, uid):
@@ -177,6 +181,15 @@ def find_leftovers(
                 if not _inside(held, job) and _age(job, now) >= min_age:
                     found.append(Leftover(job, "singleton-dir", _size(job)))
     return found
+
+
+def _made_since(path: Path, since: float | None) -> bool:
+    if since is None:
+        return True
+    try:
+        return path.lstat().st_ctime >= since
+    except OSError:
+        return False
 
 
 def _entries(directory: Path) -> list[Path]:
