@@ -59,6 +59,8 @@ class Row:
     leftover_shm: list[str] = field(default_factory=list)
     leftover_tmp: list[str] = field(default_factory=list)
     exit_status: int | None = None
+    job_processes_seen: int = 0  # mpiexec and the ranks, found while the job ran
+    segments_seen: int = 0  # the job's /dev/shm segments, found in the ranks' memory maps
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -84,6 +86,18 @@ def _session(sid: int) -> list[int]:
 
 def _children(pid: int) -> list[int]:
     return [p for p in _pids() if (f := _stat(p)) is not None and f[1] == str(pid)]
+
+
+def _launcher(run_pid: int) -> int | None:
+    """mnify run's child that is not Python (the other one is its janitor)."""
+    for pid in _children(run_pid):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if not name.startswith("python"):
+            return pid
+    return None
 
 
 def _shm_maps(pid: int) -> set[str]:
@@ -112,8 +126,7 @@ class _Sampler(threading.Thread):
     def run(self) -> None:
         while not self.done.is_set():
             if self.launcher is None:
-                kids = _children(self.run_pid)
-                self.launcher = kids[0] if kids else None
+                self.launcher = _launcher(self.run_pid)
             if self.launcher is not None:
                 for pid in _session(self.launcher):
                     self.pids.add(pid)
@@ -209,6 +222,8 @@ def run_fault(fault: str, rep: int, nprocs: int, workdir: Path) -> Row:
         leftover_shm=sorted(s for s in sampler.segments if os.path.exists(s)),
         leftover_tmp=leftover_tmp,
         exit_status=proc.returncode,
+        job_processes_seen=len(sampler.pids),
+        segments_seen=len(sampler.segments),
     )
     if os.environ.get("FAULT_TABLE_VERBOSE"):
         print("".join(err_chunks), file=sys.stderr)
@@ -217,14 +232,16 @@ def run_fault(fault: str, rep: int, nprocs: int, workdir: Path) -> Row:
 
 def render(rows: list[Row]) -> str:
     head = (
-        "| fault | rep | ended | s | category | culprit | exit | procs left | shm left | tmp left |"
+        "| fault | rep | ended | s | category | culprit | exit | procs seen/left "
+        "| shm seen/left | tmp left |"
     )
     lines = [head, "|" + "---|" * 10]
     for r in rows:
         lines.append(
             f"| {r.fault} | {r.rep} | {'yes' if r.ended else 'NO'} | {r.seconds} | "
             f"{r.category or '-'} | {r.culprit if r.culprit is not None else '-'} | "
-            f"{r.exit_status} | {r.leftover_processes} | {len(r.leftover_shm)} | "
+            f"{r.exit_status} | {r.job_processes_seen}/{r.leftover_processes} | "
+            f"{r.segments_seen}/{len(r.leftover_shm)} | "
             f"{len(r.leftover_tmp)} |"
         )
     return "\n".join(lines)
