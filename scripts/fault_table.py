@@ -89,13 +89,17 @@ def _children(pid: int) -> list[int]:
 
 
 def _launcher(run_pid: int) -> int | None:
-    """mnify run's child that is not Python (the other one is its janitor)."""
+    """mnify run's child running mpiexec (the others: its janitor, ``mpiexec --version``):
+    the leader of a session of its own with children (the ranks)."""
     for pid in _children(run_pid):
+        fields = _stat(pid)
+        if fields is None or fields[3] != str(pid):
+            continue  # not a session leader: not (yet) the job's mpiexec
         try:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
-        if not name.startswith("python"):
+        if not name.startswith("python") and _children(pid):
             return pid
     return None
 
@@ -125,11 +129,14 @@ class _Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
+            if self.launcher is not None and not self.pids and not _alive(self.launcher):
+                self.launcher = None  # a short-lived child (``mpiexec --version``), not the job
             if self.launcher is None:
                 self.launcher = _launcher(self.run_pid)
             if self.launcher is not None:
                 for pid in _session(self.launcher):
                     self.pids.add(pid)
+                    self.pids.add(self.launcher)
                     if pid != self.launcher:
                         self.segments |= _shm_maps(pid)
             self.done.wait(0.1)
@@ -173,8 +180,13 @@ def run_fault(fault: str, rep: int, nprocs: int, workdir: Path) -> Row:
         else:
             target = sampler.launcher or 0
         fault_at = time.time()
-        if target:
-            os.kill(target, sig) if target > 0 else os.killpg(-target, sig)
+        try:
+            if target > 0:
+                os.kill(target, sig)
+            elif target < 0:
+                os.killpg(-target, sig)
+        except ProcessLookupError:
+            fault_at = None  # not delivered: the row shows no time
     ended = True
     if sig == signal.SIGKILL and whom == "run":
         proc.wait()
