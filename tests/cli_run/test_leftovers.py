@@ -35,8 +35,8 @@ def test_dead_jobs_entries_are_found_and_live_ones_are_not(tmp_path: Path) -> No
     dead_segment = _old(shm / f"sm_segment.h.{UID}.1a2b0000.0")
     young = shm / f"sm_segment.h.{UID}.3c4d0000.0"
     young.write_bytes(b"x")
-    other_user = _old(shm / f"sm_segment.h.{UID + 1}.5e6f0000.0")
-    unrelated = shm / "some-other-program"
+    _old(shm / f"sm_segment.h.{UID + 1}.5e6f0000.0")  # another user's
+    _old(shm / "some-other-program")
     dead_launcher = tmp / f"ompi.{_dead_pid()}"
     (dead_launcher / "0").mkdir(parents=True)
     _old(dead_launcher)
