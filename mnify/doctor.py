@@ -34,13 +34,23 @@ from mnify.launch.mpiexec import MpiExec, MpiExecNotFound, find_mpiexec
 PROBE_TIMEOUT = 60.0
 
 # mpi4py without MPI_Init: the library version may be asked before initialisation (MPI-3).
+# PMIx's version from the libpmix the MPI library loaded (Open MPI 5 links it), when it did.
 _MPI_PROBE = """
-import json, mpi4py
+import ctypes, json, re, mpi4py
 mpi4py.rc.initialize = False
 from mpi4py import MPI
+pmix = None
+try:
+    libs = sorted(set(re.findall(r"(/\\S*libpmix\\.so\\S*)", open("/proc/self/maps").read())))
+    if libs:
+        get = ctypes.CDLL(libs[0]).PMIx_Get_version
+        get.restype = ctypes.c_char_p
+        pmix = get().decode()
+except Exception:
+    pass
 print(json.dumps({"mpi4py": mpi4py.__version__,
                   "library": MPI.Get_library_version().replace("\\x00", "").strip(),
-                  "standard": "%d.%d" % MPI.Get_version()}))
+                  "standard": "%d.%d" % MPI.Get_version(), "pmix": pmix}))
 """
 _CHAINER_PROBE = """
 import json, chainer
@@ -146,6 +156,12 @@ def _openmpi_version(library: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _pmix_version(text: str) -> str | None:
+    """``"OpenPMIx 5.0.11rc1 (PMIx Standard: 5.1, ...)"`` -> ``"5.0.11rc1"``."""
+    match = re.search(r"PMIx v?(\d+(?:\.\d+)*\w*)", text)
+    return match.group(1) if match else None
+
+
 def _library_flavor(library: str) -> str:
     lowered = library.lower()
     if "open mpi" in lowered:
@@ -212,6 +228,23 @@ def hazards(report: dict[str, Any]) -> list[dict[str, str]]:
                     ),
                 }
             )
+    pmix = _pmix_version(report["mpi4py"].get("pmix") or "")
+    if ompi is not None and (_major(ompi) or 0) == 5 and (pmix is None or _major(pmix) == 5):
+        found.append(
+            {
+                "id": "pmix-finalize-fence",
+                "message": (
+                    f"Open MPI {ompi} with PMIx {pmix or '5.0.x (bundled)'}: a rank that dies "
+                    "while another rank already waits in MPI_Finalize can leave prterun "
+                    "deadlocked or crashed after every rank is gone (its PMIx server completes "
+                    "the finalize fence twice). Measured on Open MPI 5.0.11 / PMIx 5.0.11; no "
+                    "released version is known to carry the upstream fixes (see "
+                    "docs/fault-tolerance.md). mnify's exit barrier keeps ranks out of the fence "
+                    "until all have left their scripts, and mnify run ends a launcher that "
+                    "outlives its ranks; plain mpiexec runs stay exposed."
+                ),
+            }
+        )
     numpy_version = report["numpy"].get("version")
     chainer_version = report["chainer"].get("version")
     if (
@@ -346,6 +379,7 @@ def collect(hostfile: str | None = None) -> dict[str, Any]:
         "library": (mpi.data.get("library") or "").splitlines()[0] if mpi.ok else None,
         "library_details": mpi.data.get("library"),
         "standard": mpi.data.get("standard"),
+        "pmix": mpi.data.get("pmix"),
     }
     if not mpi.ok:
         report["mpi4py"]["error"] = mpi.error

@@ -7,7 +7,11 @@ that takes over the target's mode and owner and is renamed over it, so a file is
 the old bytes or the complete new ones; the temporary file is removed on any error. An
 ``--in-place`` backup ``SRC.orig`` is made from the bytes that were read and appears atomically
 and exclusively (a hard link, which fails when the name exists), so it is never truncated and
-never overwrites an earlier backup.
+never overwrites an earlier backup. An existing backup that holds exactly the bytes being
+replaced is kept and used (a run killed between making the backup and replacing the file leaves
+one); any other existing backup refuses the write. A run killed outright (SIGKILL) can leave a
+temporary file ``.NAME.XXXX.mnify-tmp``: no ``*.py`` search picks those up, and the next write
+beside them removes those older than ``STALE_TEMP_SECONDS``.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ import os
 import re
 import stat
 import tempfile
+import time
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
 BACKUP_SUFFIX = ".orig"
 TEMP_SUFFIX = ".mnify-tmp"
+# a temporary file this old is a killed run's (a write takes milliseconds), never a live one's
+STALE_TEMP_SECONDS = 60.0
 
 _UTF8_NAMES = ("utf-8", "utf-8-sig")
 _COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=]")  # PEP 263's pattern
@@ -171,8 +178,33 @@ def _default_mode() -> int:
     return 0o666 & ~mask
 
 
+def remove_stale_temps(target: str, now: float | None = None) -> list[str]:
+    """Remove ``target``'s temporary files left by killed runs (older than
+    ``STALE_TEMP_SECONDS``); the paths removed."""
+    directory, name = os.path.split(target)
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        entries = os.listdir(directory or ".")
+    except OSError:
+        return []
+    for entry in entries:
+        if not (entry.startswith(f".{name}.") and entry.endswith(TEMP_SUFFIX)):
+            continue
+        path = os.path.join(directory, entry)
+        try:
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and now - info.st_mtime >= STALE_TEMP_SECONDS:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
 def _temp_beside(target: str, data: bytes, mode: int, owner: tuple[int, int] | None) -> str:
     """A complete, synced temporary copy of ``data`` in ``target``'s directory."""
+    remove_stale_temps(target)
     directory, name = os.path.split(target)
     fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=TEMP_SUFFIX, dir=directory or ".")
     try:
@@ -247,9 +279,11 @@ def _create_backup(
         try:
             os.link(temp, backup)  # atomic and exclusive: EEXIST when the name is taken
         except FileExistsError:
+            if _holds(backup, original):
+                return backup, _KEPT  # a killed run's backup of these very bytes
             raise WriteRefused(
-                f"{shown} already exists (a backup from an earlier run?); "
-                "remove it or use --no-backup"
+                f"{shown} already exists and differs from the file (a backup from an earlier "
+                "run?); remove it or use --no-backup"
             ) from None
         except OSError as exc:
             if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
@@ -260,12 +294,30 @@ def _create_backup(
     return backup, inode
 
 
+_KEPT = -1  # the "inode" of a backup found in place: never removed as ours
+
+
+def _holds(path: str, data: bytes) -> bool:
+    """``path`` is a regular file (not a link) holding exactly ``data``."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            return f.read() == data
+    except OSError:
+        return False
+
+
 def _create_backup_without_links(backup: str, original: bytes, mode: int, shown: str) -> int:
     """For file systems without hard links: ``O_EXCL`` creation, then the bytes."""
     try:
         fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     except FileExistsError:
-        raise WriteRefused(f"{shown} already exists; remove it or use --no-backup") from None
+        if _holds(backup, original):
+            return _KEPT
+        raise WriteRefused(
+            f"{shown} already exists and differs from the file; remove it or use --no-backup"
+        ) from None
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(original)
@@ -288,8 +340,9 @@ def _remove_if_ours(path: str, inode: int) -> None:
 def rewrite_in_place(path: Path, original: bytes, new: bytes, *, backup: bool) -> Path | None:
     """Replace ``path`` (a link's target) holding ``original`` by ``new``; the backup's path.
 
-    The backup is made first, from ``original``; ``WriteRefused`` when it already exists or
-    when the file no longer holds ``original`` (someone changed it meanwhile). On any failure the
+    The backup is made first, from ``original``; ``WriteRefused`` when one already exists with
+    other bytes (one holding ``original`` is kept and used) or when the file no longer holds
+    ``original`` (someone changed it meanwhile). On any failure the
     file is left as it was and neither a backup nor a temporary file is left behind."""
     target = os.path.realpath(path)
     info = os.stat(target)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from tests.support.mpirun import run_ranks
@@ -23,3 +26,25 @@ def test_failure_shows_all_output() -> None:
 def test_timeout_is_reported() -> None:
     run = run_ranks(2, "import time\ntime.sleep(30)\n", timeout=3, check=False)
     assert run.timed_out
+
+
+def test_a_timeout_kills_every_rank_not_just_mpiexec() -> None:
+    """Open MPI puts each rank in a process group of its own: killing mpiexec's group alone
+    left them running."""
+    src = "import os, time\nprint('PID', os.getpid(), flush=True)\ntime.sleep(60)\n"
+    run = run_ranks(3, src, timeout=8, check=False)
+    assert run.timed_out
+    pids = [int(line.rsplit(" ", 1)[1]) for line in run.output.splitlines() if " PID " in line]
+    assert len(pids) == 3, run.describe()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert [p for p in pids if _alive(p)] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

@@ -16,6 +16,26 @@ from rich.console import Console
 from rich.markup import escape
 
 from mnify.doctor import collect
+from mnify.runtime import mpi_files
+
+
+def _clean(as_json: bool) -> None:
+    """``--clean``: what killed jobs left, removed; exit 1 when some of it could not be."""
+    found = mpi_files.find_leftovers()
+    removed = set(mpi_files.remove(f.path for f in found))
+    if as_json:
+        entries = [
+            {"path": str(f.path), "kind": f.kind, "bytes": f.bytes, "removed": f.path in removed}
+            for f in found
+        ]
+        click.echo(json.dumps({"leftovers": entries}, indent=2))
+    else:
+        for f in found:
+            state = "removed" if f.path in removed else "could not remove"
+            click.echo(f"{state}: {f.path} ({f.kind}, {f.bytes / 2**20:.1f} MiB)")
+        total = sum(f.bytes for f in found if f.path in removed) / 2**20
+        click.echo(f"{len(removed)} leftover(s) of killed MPI jobs removed, {total:.1f} MiB")
+    sys.exit(0 if len(removed) == len(found) else 1)
 
 
 def _line(console: Console, ok: bool | None, label: str, text: str) -> None:
@@ -114,8 +134,17 @@ def render_text(report: dict[str, Any], console: Console) -> None:
 @click.option(
     "--hostfile", type=str, default=None, help="Also read this hostfile's hosts and slots."
 )
-def doctor(as_json: bool, hostfile: str | None) -> None:
+@click.option(
+    "--clean",
+    is_flag=True,
+    help="Remove the /dev/shm segments and TMPDIR/ompi.* directories killed jobs left "
+    "(never what a live process holds), list them, and exit.",
+)
+def doctor(as_json: bool, hostfile: str | None, clean: bool) -> None:
     """Report Python, MPI, mpi4py, mpiexec, hosts, Chainer, numpy, CuPy/CUDA/NCCL and hazards."""
+    if clean:
+        _clean(as_json)
+        return
     report = collect(hostfile)
     if as_json:
         click.echo(json.dumps(report, indent=2))

@@ -308,6 +308,11 @@ def run(
         rerun_one_rank=shlex.join(["mnify", "run", "-n", "1", script, *script_args]),
         debug=debug.enabled(),
         stops=result.stops,
+        left_early=result.left_early,
+        launcher_outlived_ranks=result.launcher_outlived_ranks,
+        launcher_signal=result.launcher_signal,
+        vanished=result.vanished,
+        exit_statuses=result.exit_statuses,
     )
     verdict = diagnose(facts)
     summary = as_data(verdict)

@@ -15,7 +15,9 @@ status N`` instead of a traceback.
 
 It also starts :mod:`mnify.runtime.rank_state` and marks the rank as exiting when the script
 ends, whatever its status: a rank leaving while others wait in a collective is how a job hangs
-without any error, and ``mnify run`` ends such a job once it sees both.
+without any error, and ``mnify run`` ends such a job once it sees both. And a rank started by a
+launcher dies with it (SIGKILL as its parent-death signal, :mod:`mnify.launch.parent_death`):
+a SIGKILLed ``prterun`` otherwise leaves its ranks running.
 
 A stop asked for through :mod:`mnify.runtime.update_watch` (``--verify``, ``mnify scale``) ends
 every rank after the same update: the bootstrap prints ``[mnify] rank R (host H) stopped after
@@ -26,11 +28,13 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
 from typing import Any
 
+from mnify.launch import parent_death
 from mnify.runtime import rank_state
 
 GRACE_ENV = "MNIFY_ABORT_GRACE"
@@ -149,6 +153,8 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     sys.argv[:] = argv
     sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
+    if rank_state.world_rank_from_env() is not None:
+        parent_death.die_with_parent(signal.SIGKILL)  # a rank never outlives its launcher
     rank_state.start()
     if os.environ.get("MNIFY_VERIFY"):  # mnify run --verify: watch from the script's start
         from mnify.runtime.verify import start_if_requested

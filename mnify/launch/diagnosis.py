@@ -74,6 +74,11 @@ class JobFacts:
     rerun_one_rank: str | None = None  # the command that runs the script on one rank
     debug: bool = False  # MNIFY_DEBUG was on
     stops: Sequence[RankStopReport] = ()  # ranks that stopped on purpose after an update
+    left_early: StrandedRanks | None = None  # a rank left while others waited; ended otherwise
+    launcher_outlived_ranks: bool = False  # mpiexec hung after its ranks; mnify run ended it
+    launcher_signal: int | None = None  # mpiexec itself was killed by this signal
+    vanished: Sequence[int] = ()  # ranks that died without a report of any kind
+    exit_statuses: dict[int, int] = field(default_factory=dict)  # ranks that reached their end
 
 
 @dataclass
@@ -160,7 +165,23 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+LAUNCHER_HUNG_NOTE = (
+    "mpiexec went on running after every rank had ended and mnify run ended it: a known hang "
+    "of Open MPI 5.0's PMIx server when a rank dies while another is in MPI_Finalize "
+    "(`mnify doctor` names the affected versions)."
+)
+
+
 def _failed(facts: JobFacts) -> bool:
+    if facts.launcher_outlived_ranks and facts.interrupted_by is None:
+        # mpiexec's status is our SIGKILL: judge by the ranks (every one reached its end, 0)
+        return bool(
+            set(facts.exit_statuses) < set(range(facts.nprocs))
+            or any(facts.exit_statuses.values())
+            or any(tb.fatal for tb in facts.tracebacks)
+            or any(e.status != 0 for e in facts.exit_reports)
+            or facts.vanished
+        )
     return bool(
         facts.exit_status != 0
         or facts.interrupted_by is not None
@@ -179,6 +200,10 @@ def _exit_status(facts: JobFacts) -> int:
         return 128 + facts.interrupted_by
     if facts.stranded is not None:
         return next((s for s in facts.stranded.exited.values() if s != 0), 1)
+    if facts.launcher_outlived_ranks:
+        reported = [e.status for e in facts.exit_reports if e.status != 0]
+        statuses = [s for s in facts.exit_statuses.values() if s != 0]
+        return next(iter(reported + statuses), 1)
     return facts.exit_status or 1
 
 
@@ -199,10 +224,14 @@ def diagnose(facts: JobFacts) -> Diagnosis:
         or _launch(facts, status)
         or _killed(facts, status, exits)
         or _error(facts, status, errors)
+        or _launcher_killed(facts, status)
+        or _vanished(facts, status)
         or _rank_exited(facts, status, exits, groups)
         or _communication(facts, status, timeouts)
         or _unexplained(facts, status)
     )
+    if facts.launcher_outlived_ranks:
+        diagnosis.hint += " " + LAUNCHER_HUNG_NOTE
     if diagnosis.category is not Category.COMMUNICATION:
         diagnosis.consequences = timeouts
         if not diagnosis.errors:
@@ -214,7 +243,7 @@ def diagnose(facts: JobFacts) -> Diagnosis:
                 "them: a consequence, not the cause."
             )
     diagnosis.exits = exits
-    diagnosis.stranded = facts.stranded
+    diagnosis.stranded = facts.stranded or facts.left_early
     if fork_warning(facts.launcher_text):
         diagnosis.hint += " " + FORK_NOTE
     return diagnosis
@@ -389,10 +418,15 @@ def _rank_exited(
     facts: JobFacts, status: int, exits: list[RankExit], groups: list[ErrorGroup]
 ) -> Diagnosis | None:
     n = facts.nprocs
-    if facts.stranded is not None:
-        s = facts.stranded
+    s = facts.stranded or facts.left_early
+    if s is not None:
         left = sorted(s.exited)
         said = ", ".join(f"rank {r} exited with status {s.exited[r]}" for r in left)
+        ended = (
+            f"mnify run ended the job after {s.seconds:.0f} s (--exit-timeout)"
+            if facts.stranded is not None
+            else "the job ended before --exit-timeout did"
+        )
         return Diagnosis(
             Category.RANK_EXITED,
             status,
@@ -400,8 +434,7 @@ def _rank_exited(
             left,
             f"{said} while {_ranks(s.waiting)} waited in {s.kind} #{s.seq}",
             f"{said} while {_ranks(s.waiting)} still waited for it in {s.kind} #{s.seq}; "
-            f"mnify run ended the job after {s.seconds:.0f} s (--exit-timeout). "
-            f"{_EARLY_EXIT_ADVICE}",
+            f"{ended}. {_EARLY_EXIT_ADVICE}",
         )
     failed = {r for g in groups for r in g.ranks}  # their abort follows their traceback
     reported = {e.rank: e for e in facts.exit_reports if e.status != 0}
@@ -431,6 +464,41 @@ def _rank_exited(
         said,
         f"{said}, without a Python traceback, and the job ended with it. If that exit is "
         f"meant (a failed check, a usage error), it says why above. {_EARLY_EXIT_ADVICE}",
+    )
+
+
+def _launcher_killed(facts: JobFacts, status: int) -> Diagnosis | None:
+    """mpiexec died of a signal nobody in the job sent: the ranks went with it."""
+    if facts.launcher_signal is None:
+        return None
+    name = _signal_name(facts.launcher_signal)
+    return Diagnosis(
+        Category.KILLED,
+        status,
+        facts.nprocs,
+        [],
+        f"the launcher was killed by signal {facts.launcher_signal} ({name})",
+        f"mpiexec itself was killed by {name} (from outside the job: a user, a batch "
+        "scheduler's limit, the out-of-memory killer; or a crash of mpiexec) and took the ranks "
+        "with it. No rank is to blame; mnify run removed what the launcher left behind.",
+    )
+
+
+def _vanished(facts: JobFacts, status: int) -> Diagnosis | None:
+    """Ranks that died before anything else happened, without a report or a launcher message."""
+    if not facts.vanished:
+        return None
+    who = _ranks(facts.vanished)
+    return Diagnosis(
+        Category.KILLED,
+        status,
+        facts.nprocs,
+        list(facts.vanished),
+        f"{who} died without a report (a signal or a crash)",
+        f"{who} ended before its script did, printed nothing and was not reported by mpiexec: "
+        "killed by a signal (SIGKILL from the out-of-memory killer or a user) or a crash in "
+        "native code. Check dmesg; retry on one rank"
+        f"{_once(facts)}.",
     )
 
 

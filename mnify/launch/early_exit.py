@@ -4,7 +4,8 @@ Under mpi4py a rank whose script ends blocks in ``MPI_Finalize``; a rank still w
 a collective then waits forever and nothing prints an error. Each rank on this host publishes
 its state (:mod:`mnify.runtime.rank_state`); :class:`EarlyExitWatch` reads the records and
 reports a :class:`StrandedRanks` once a rank has been exiting and another has been waiting in
-the same MPI call for ``exit_timeout`` seconds. Ranks doing their own work are never stranded:
+the same MPI call for ``exit_timeout`` seconds; the first such overlap that lasts a second is kept
+(:attr:`EarlyExitWatch.first_overlap`), so ``mnify run`` can say at once who left and who waits. Ranks doing their own work are never stranded:
 rank 0 running a post-training tail alone while the others have finished is healthy, and a wait
 that completes (a final barrier racing the exit) starts the clock again.
 """
@@ -15,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mnify.runtime.rank_state import Phase, RankRecord, read_record, record_path
+
+# An exit and a wait must overlap this long before they are announced: a rank finishing a
+# collective a moment after a peer has left it is not stranded.
+NOTICE_AFTER = 1.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,9 @@ class EarlyExitWatch:
         self.exit_timeout = exit_timeout
         self.records: dict[int, RankRecord] = {}
         self._seen: dict[int, _Seen] = {}
+        # the first overlap seen (NOTICE_AFTER seconds long): announced at once, and the cause
+        # of the job's end when the waiting ranks' watchdog ends it before exit_timeout does
+        self.first_overlap: StrandedRanks | None = None
 
     def poll(self, now: float) -> StrandedRanks | None:
         """Read every record; the stranded ranks once the overlap has lasted long enough."""
@@ -55,8 +63,15 @@ class EarlyExitWatch:
             seen = self._seen.get(rank)
             if seen is None or seen.key != key:
                 self._seen[rank] = _Seen(key, now)
-        if self.exit_timeout <= 0:
+        overlap = self.overlap(now, min(NOTICE_AFTER, self.exit_timeout or NOTICE_AFTER))
+        if overlap is not None and self.first_overlap is None:
+            self.first_overlap = overlap
+        if self.exit_timeout <= 0 or overlap is None:
             return None
+        return self.overlap(now, self.exit_timeout)
+
+    def overlap(self, now: float, lasted: float) -> StrandedRanks | None:
+        """Ranks exiting while others have waited in a collective for ``lasted`` seconds."""
         exiting = {
             r: self._seen[r].since for r, rec in self.records.items() if rec.phase is Phase.EXITING
         }
@@ -68,7 +83,7 @@ class EarlyExitWatch:
             for r, rec in self.records.items()
             if rec.phase is Phase.WAITING
         }
-        stuck = sorted(r for r, since in waiting.items() if now - since >= self.exit_timeout)
+        stuck = sorted(r for r, since in waiting.items() if now - since >= lasted)
         if not stuck:
             return None
         first = self.records[stuck[0]]
@@ -79,6 +94,14 @@ class EarlyExitWatch:
             seq=first.seq,
             seconds=now - waiting[stuck[0]],
         )
+
+    def pids(self) -> dict[int, int]:
+        """Each rank's pid, from its record."""
+        return {r: rec.pid for r, rec in self.records.items() if rec.pid > 0}
+
+    def exiting(self, rank: int) -> bool:
+        record = self.records.get(rank)
+        return record is not None and record.phase is Phase.EXITING
 
     def started(self) -> set[int]:
         """Ranks that published a record: their script started."""

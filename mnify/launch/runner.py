@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -22,10 +23,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, TextIO
 
-from mnify.launch import session
+from mnify.launch import parent_death, session
 from mnify.launch.banners import BannerFilter
 from mnify.launch.command import LaunchCommand
 from mnify.launch.early_exit import EarlyExitWatch, StrandedRanks
+from mnify.launch.janitor import Janitor
+from mnify.launch.job_processes import LAUNCHER_GRACE, JobProcesses
 from mnify.launch.mpiexec import Flavor
 from mnify.launch.rank_reports import (
     RankExitReport,
@@ -34,9 +37,11 @@ from mnify.launch.rank_reports import (
     TracebackCollector,
 )
 from mnify.launch.ranklines import RankLine, parse_line
-from mnify.runtime import rank_state
+from mnify.runtime import mpi_files, rank_state
 
 _EOF = object()
+# What prterun says when told to stop (interactive advice meant for a terminal).
+_INTERACTIVE_ABORT = re.compile(r"abort is (?:already )?in progress\.\.\.hit ctrl-c again", re.I)
 
 
 @dataclass
@@ -54,6 +59,12 @@ class JobResult:
     ranks_heard: frozenset[int] = frozenset()  # ranks that printed or published their state
     stops: list[RankStopReport] = field(default_factory=list)  # ranks stopped after an update
     verify_reports: list[str] = field(default_factory=list)  # rank 0's --verify JSON lines
+    left_early: StrandedRanks | None = None  # a rank left while others waited (not ended by us)
+    launcher_outlived_ranks: bool = False  # every rank had ended; mpiexec hung and we ended it
+    launcher_signal: int | None = None  # mpiexec was killed by this signal, not by mnify run
+    vanished: list[int] = field(default_factory=list)  # ranks that died without a word
+    exit_statuses: dict[int, int] = field(default_factory=dict)  # ranks that reached their end
+    reclaimed: list[str] = field(default_factory=list)  # Open MPI files of the job removed here
 
 
 def _read_lines(stream: IO[bytes], name: str, sink: queue.Queue[object]) -> None:
@@ -102,6 +113,8 @@ class _Pump:
         stream: str = item[0]
         line: RankLine = parse_line(item[1], self.flavor, stream)
         if line.rank is None:
+            if _INTERACTIVE_ABORT.search(line.text):
+                return 0  # prterun's "hit ctrl-c again": mnify run does the stopping
             self.launcher.append(line.text)
             self._show(None, line.text, stream)
             return 0
@@ -252,6 +265,9 @@ def _run(
     state_dir: str,
     cwd: str | None,
 ) -> JobResult:
+    janitor = Janitor()  # removes the job's files should mnify run be SIGKILLed
+    started = time.time()
+    janitor.since(started)
     proc = subprocess.Popen(
         command.argv,
         env=env,
@@ -260,6 +276,8 @@ def _run(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        # a SIGKILLed ``mnify run`` cannot stop the job: mpiexec then stops it itself
+        preexec_fn=parent_death.preexec(signal.SIGTERM),
     )
     assert proc.stdout is not None and proc.stderr is not None
     lines: queue.Queue[object] = queue.Queue()
@@ -272,10 +290,16 @@ def _run(
 
     pump = _Pump(flavor, _Printer(out, err, tag_output))
     watch = EarlyExitWatch(state_dir, nprocs, exit_timeout)
+    processes = JobProcesses(proc.pid, nprocs)
+    janitor.pid(proc.pid)
+    for path in processes.files():
+        janitor.file(path)
     stop = _Stop(proc)
     interrupted_by: int | None = None
     stranded: StrandedRanks | None = None
     stopped_after_failure = False
+    launcher_outlived = False
+    announced = False
     next_poll = 0.0
     open_streams = len(readers)
     while open_streams:
@@ -286,10 +310,33 @@ def _run(
             if now >= next_poll:
                 next_poll = now + _POLL_STATES
                 found = watch.poll(now)
+                if watch.first_overlap is not None and not announced:
+                    announced = True
+                    _say(err, _left_early_message(watch.first_overlap, exit_timeout))
                 if found is not None and stop.at is None:
                     stranded = found
                     _say(err, _stranded_message(found))
                     stop.begin(now, signal.SIGTERM, whole_session=True)
+                quiet = (
+                    stop.at is None
+                    and pump.collector.first_fatal() is None
+                    and not pump.collector.exits
+                    and proc.poll() is None
+                )
+                exiting = {r for r in range(nprocs) if watch.exiting(r)}
+                processes.observe(now, watch.pids(), exiting, quiet)
+                for rank_pid in watch.pids().values():
+                    janitor.pid(rank_pid)
+                for path in processes.files():
+                    janitor.file(path)
+                if stop.at is None and processes.launcher_outlived_ranks(now):
+                    _say(
+                        err,
+                        f"mnify run: every rank has ended but mpiexec (pid {proc.pid}) still runs "
+                        f"{LAUNCHER_GRACE:g} s later; ending it (the verdict comes from the ranks)",
+                    )
+                    launcher_outlived = True
+                    stop.kill(now)
             fatal = pump.collector.first_fatal()
             if stop.at is None and fatal is not None and fatal.seen_at + abort_timeout <= now:
                 _say(
@@ -317,8 +364,18 @@ def _run(
                 interrupted_by = request.signum
                 stop.begin(time.monotonic(), signal.SIGTERM, whole_session=True)
     returncode = _wait(proc, stop)
+    launcher_signal = -returncode if returncode < 0 and stop.at is None else None
     session.kill_session(proc.pid)  # ranks orphaned by an mpiexec that has gone
+    _wait_for_ranks(watch.pids())
     watch.poll(time.monotonic())
+    reclaimed = mpi_files.reclaim(processes.files())
+    reclaimed += mpi_files.remove(
+        f.path for f in mpi_files.find_leftovers(min_age=0, created_after=started)
+    )  # the job's segments it ended too early to be seen with
+    reclaimed += mpi_files.remove(
+        leftover.path for leftover in mpi_files.find_leftovers()
+    )  # what earlier jobs, killed with their launcher, left behind
+    janitor.done()
     return JobResult(
         returncode=returncode,
         tracebacks=pump.finish(),
@@ -331,7 +388,21 @@ def _run(
         ranks_heard=frozenset(pump.ranks_heard | watch.started()),
         stops=list(pump.collector.stops),
         verify_reports=list(pump.collector.verify_reports),
+        left_early=watch.first_overlap if stranded is None else None,
+        launcher_outlived_ranks=launcher_outlived,
+        launcher_signal=launcher_signal,
+        vanished=processes.vanished,
+        exit_statuses={r: rec.status for r, rec in watch.records.items() if watch.exiting(r)},
+        reclaimed=[str(p) for p in reclaimed],
     )
+
+
+def _wait_for_ranks(pids: dict[int, int], timeout: float = 5.0) -> None:
+    """Wait until the SIGKILLed ranks are gone (orphans are reaped by init, not by us), so their
+    files are no longer held when they are reclaimed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(mpi_files.pid_alive(p) for p in pids.values()):
+        time.sleep(0.05)
 
 
 def _wait(proc: subprocess.Popen[bytes], stop: _Stop) -> int:
@@ -341,6 +412,17 @@ def _wait(proc: subprocess.Popen[bytes], stop: _Stop) -> int:
             return proc.wait()
         except (KeyboardInterrupt, StopRequested):
             stop.kill(time.monotonic())
+
+
+def _left_early_message(found: StrandedRanks, exit_timeout: float) -> str:
+    left = ", ".join(f"rank {r} exited with status {s}" for r, s in found.exited.items())
+    waiting = ",".join(str(r) for r in found.waiting)
+    if exit_timeout > 0:
+        left_s = max(0.0, exit_timeout - found.seconds)
+        then = f"ending the job in {left_s:.0f} s unless they go on (--exit-timeout)"
+    else:
+        then = "not ending the job (--exit-timeout 0)"
+    return f"mnify run: {left} while rank(s) {waiting} wait for it in {found.kind} #{found.seq}; {then}"
 
 
 def _stranded_message(found: StrandedRanks) -> str:

@@ -87,6 +87,20 @@ def children(pid: int) -> list[int]:
     return [p for p in _pids() if (f := _stat(p)) is not None and f[1] == str(pid)]
 
 
+def launcher_of(run_pid: int) -> int:
+    """The mpiexec ``mnify run`` started (its other child is the janitor, a Python process)."""
+    found = []
+    for pid in children(run_pid):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if not name.startswith("python"):
+            found.append(pid)
+    [launcher] = found
+    return launcher
+
+
 def live_in_session(sid: int) -> list[int]:
     """Processes of session ``sid`` that are still alive (zombies are already dead)."""
     return [p for p in _pids() if (f := _stat(p)) is not None and f[3] == str(sid) and f[0] != "Z"]

@@ -206,3 +206,38 @@ def test_summary_json_schema_and_first_line(tmp_path: Path) -> None:
     assert render_text(d).splitlines()[0] == (
         "mnify run: the job failed (exit status 1): rank-dependent: rank 1 of 2 failed"
     )
+
+
+def test_a_killed_launcher_is_the_cause_and_no_rank_is_blamed() -> None:
+    d = diagnose(facts(status=137, launcher_signal=signal.SIGKILL, vanished=[0, 1, 2]))
+    assert (d.category, d.culprit_ranks) == (Category.KILLED, [])
+    assert d.headline == "the launcher was killed by signal 9 (SIGKILL)"
+
+
+def test_a_rank_error_still_wins_over_the_launcher_dying_after_it() -> None:
+    d = diagnose(facts(status=139, launcher_signal=11, tracebacks=[tb(1, PLAIN)]))
+    assert (d.category, d.culprit_ranks) == (Category.RANK_DEPENDENT, [1])
+
+
+def test_a_rank_that_vanished_without_a_word_is_killed() -> None:
+    d = diagnose(facts(status=137, vanished=[2], launcher_outlived_ranks=True))
+    assert (d.category, d.culprit_ranks) == (Category.KILLED, [2])
+    assert "mnify run ended it" in d.hint  # the launcher hung and was ended
+
+
+def test_a_hung_launcher_after_ranks_that_all_ended_well_is_a_success() -> None:
+    ended_well = {0: 0, 1: 0, 2: 0}
+    d = diagnose(facts(status=137, launcher_outlived_ranks=True, exit_statuses=ended_well))
+    assert (d.category, d.exit_status) == (Category.OK, 0)
+    d = diagnose(facts(status=137, launcher_outlived_ranks=True, exit_statuses={0: 0, 1: 0}))
+    assert d.category is not Category.OK  # rank 2 never reached its end
+
+
+def test_a_rank_that_left_while_others_waited_is_the_verdict_even_when_they_timed_out() -> None:
+    """Under --watchdog the waiting ranks time out before --exit-timeout ends the job: the
+    rank that left is still the cause, the timeouts its consequence."""
+    left = StrandedRanks(exited={1: 0}, waiting=[0, 2], kind="allreduce", seq=3, seconds=1.5)
+    d = diagnose(facts(left_early=left, tracebacks=[timeout(0, [1]), timeout(2, [1])]))
+    assert (d.category, d.culprit_ranks) == (Category.RANK_EXITED, [1])
+    assert as_data(d)["waiting_ranks"] == [0, 2]
+    assert [g.ranks for g in d.consequences] == [[0, 2]]

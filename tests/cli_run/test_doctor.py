@@ -154,3 +154,65 @@ def test_yama_refusing_ranks_each_others_memory_is_a_hazard(tmp_path: Path) -> N
     setting.write_text("1\n")
     assert ptrace_scope(str(setting)) == 1
     assert ptrace_scope(str(tmp_path / "absent")) is None
+
+
+def test_open_mpi_5_with_pmix_5_has_the_finalize_fence_hazard() -> None:
+    """The PMIx server bug behind the finalize-fence hang: every Open MPI 5.0.x release we
+    know of (bundled PMIx 5.0.x), this machine's wheel included."""
+    report = fake("Open MPI v5.0.11, package: Open MPI")
+    report["mpi4py"]["pmix"] = "OpenPMIx 5.0.11rc1 (PMIx Standard: 5.1, Stable ABI: 5.0)"
+    [fence] = [h for h in hazards(report) if h["id"] == "pmix-finalize-fence"]
+    assert "5.0.11rc1" in fence["message"] and "docs/fault-tolerance.md" in fence["message"]
+    assert "pmix-finalize-fence" in ids(fake("Open MPI v5.0.3"))  # PMIx unknown: bundled
+    report["mpi4py"]["pmix"] = "OpenPMIx 6.0.0"
+    assert "pmix-finalize-fence" not in ids(report)
+    assert "pmix-finalize-fence" not in ids(fake("Open MPI v4.1.5"))  # ORTE, no PRRTE
+    assert "pmix-finalize-fence" not in ids(fake("MPICH Version: 4.1.2", mpiexec="mpich"))
+
+
+def test_this_machines_pmix_version_is_reported(report: dict[str, Any]) -> None:
+    if "Open MPI v5" not in (report["mpi4py"]["library"] or ""):
+        pytest.skip("not Open MPI 5")
+    assert report["mpi4py"]["pmix"].startswith("OpenPMIx 5.")
+    assert "pmix-finalize-fence" in {h["id"] for h in report["hazards"]}
+
+
+def test_clean_removes_a_dead_jobs_segment_and_keeps_a_held_one(tmp_path: Path) -> None:
+    """``mnify doctor --clean`` on the real /dev/shm: a segment nobody maps or holds open (a
+    killed job's) goes; one a live process holds open stays."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    uid = os.getuid()
+    dead = shm / f"sm_segment.mnifytest.{uid}.dead{os.getpid():x}.0"
+    held = shm / f"sm_segment.mnifytest.{uid}.beef{os.getpid():x}.0"
+    for path in (dead, held):
+        path.write_bytes(b"\0" * 4096)
+        old = time.time() - 3600
+        os.utime(path, (old, old))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import time; f = open({str(held)!r}, 'rb'); time.sleep(120)"]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+            os.readlink(f"/proc/{holder.pid}/fd/{fd}") == str(held)
+            for fd in os.listdir(f"/proc/{holder.pid}/fd")
+        ):
+            time.sleep(0.05)
+        result = CliRunner().invoke(main, ["doctor", "--clean", "--json"], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        listed = {e["path"]: e for e in json.loads(result.stdout)["leftovers"]}
+        assert listed[str(dead)]["removed"] and listed[str(dead)]["kind"] == "segment"
+        assert str(held) not in listed
+        assert not dead.exists() and held.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        for path in (dead, held):
+            path.unlink(missing_ok=True)

@@ -22,7 +22,7 @@ from tests.cli_run.console import (
     MNIFY,
     SCRIPT,
     Verdict,
-    children,
+    launcher_of,
     live_in_session,
     rank_env,
     run_verdict,
@@ -230,7 +230,7 @@ def test_a_signal_to_mnify_run_stops_the_whole_job(
         assert proc.stdout is not None
         ready = {proc.stdout.readline().strip() for _ in range(n)}
         assert ready == {f"ready {r}" for r in range(n)}, ready
-        [mpiexec] = children(proc.pid)  # the leader of the job's own session
+        mpiexec = launcher_of(proc.pid)  # the leader of the job's own session
         assert len(live_in_session(mpiexec)) >= n + 1  # mpiexec and the ranks
         sent = time.monotonic()
         if sig == signal.SIGINT:

@@ -145,6 +145,37 @@ def test_an_existing_backup_refuses_that_file_and_the_others_continue(tmp_path: 
     assert "1 changed" in run.stderr.splitlines()[-1] and "1 failed" in run.stderr
 
 
+def test_a_killed_runs_backup_of_the_same_bytes_does_not_block_the_next_run(
+    script: Path, tmp_path: Path
+) -> None:
+    """A run killed after making the backup and before replacing the file leaves SRC.orig
+    holding exactly the file's bytes: the next run keeps that backup and converts."""
+    (tmp_path / "train.py.orig").write_bytes(ORIGINAL)
+    run = mnify("--in-place", "train.py", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert script.read_bytes() == CONVERTED
+    assert (tmp_path / "train.py.orig").read_bytes() == ORIGINAL
+    assert names(tmp_path) == ["train.py", "train.py.orig"]
+
+
+def test_stale_temporary_files_of_a_killed_run_are_ignored_and_removed(
+    script: Path, tmp_path: Path
+) -> None:
+    """SIGKILL can leave ``.train.py.XXXX.mnify-tmp`` (maybe partial): a directory conversion
+    never takes it for a script, and the next write beside it removes it once it is stale;
+    a fresh one (a run writing right now) is left alone."""
+    stale = tmp_path / ".train.py.k1ll3d.mnify-tmp"
+    stale.write_bytes(ORIGINAL[:10])
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    fresh = tmp_path / ".train.py.l1v3.mnify-tmp"
+    fresh.write_bytes(ORIGINAL[:5])
+    run = mnify("--in-place", str(tmp_path), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert script.read_bytes() == CONVERTED
+    assert names(tmp_path) == [".train.py.l1v3.mnify-tmp", "train.py", "train.py.orig"]
+
+
 def test_a_rerun_after_editing_never_overwrites_the_backup(script: Path, tmp_path: Path) -> None:
     assert mnify("--in-place", "train.py", cwd=tmp_path).returncode == 0
     edited = ORIGINAL + b"# edited after the first run\n"
@@ -178,14 +209,14 @@ def test_two_concurrent_in_place_runs_leave_one_backup_of_the_original(tmp_path:
         assert (where / "train.py.orig").read_bytes() == ORIGINAL
         assert names(where) == ["train.py", "train.py.orig"]
         codes = sorted(code for code, _ in outcomes)
-        # The second either found the file converted already (nothing to do), or found the
-        # first one's backup and refused.
+        # The second either found the file converted already (nothing to do), or took the
+        # first one's backup of the same bytes as its own and then found the file replaced
+        # under it and refused.
         assert codes in ([0, 0], [0, 2]), outcomes
         for code, err in outcomes:
             if code == 2:
                 assert [line for line in err.splitlines() if line.startswith("error:")] == [
-                    "error: train.py: train.py.orig already exists (a backup from an earlier "
-                    "run?); remove it or use --no-backup"
+                    "error: train.py: changed on disk while it was being converted; not written"
                 ]
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -81,6 +80,14 @@ class RankRun:
         )
 
 
+def kill_job(sid: int) -> None:
+    """SIGKILL every process of mpiexec's session: Open MPI puts each rank in a process group of
+    its own, so killing mpiexec's group alone leaves the ranks running."""
+    from mnify.launch.session import kill_session
+
+    kill_session(sid)
+
+
 def run_ranks(
     n: int,
     script: str | Path,
@@ -130,7 +137,7 @@ def run_ranks(
         out, err = proc.communicate(timeout=timeout)
         result = RankRun(cmd, proc.returncode, out, err)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(proc.pid)
         out, err = proc.communicate()
         result = RankRun(cmd, -9, out, err, timed_out=True)
     if check and (result.timed_out or result.returncode != 0):

@@ -17,9 +17,11 @@
   and measured faster, see bench/allreduce.py).
 
 Creating any communicator installs :mod:`mnify.runtime.excepthook`'s exception hook, so one rank's
-uncaught exception ends the whole job; with ``MNIFY_VERIFY=K`` set (``mnify run --verify``) it
-also starts :mod:`mnify.runtime.verify`. Nothing here imports Chainer (verification aside);
-CuPy only when asked for.
+uncaught exception ends the whole job, and :mod:`mnify.runtime.finalize`'s exit barrier, so
+ranks that leave normally meet before ``MPI_Finalize`` (a singleton removes its Open MPI
+files); with ``MNIFY_VERIFY=K`` set (``mnify run --verify``) it also starts
+:mod:`mnify.runtime.verify`. Nothing here imports Chainer (verification aside); CuPy only
+when asked for.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def create_communicator(
     ``inter_host_dtype=np.float16`` rounds what crosses hosts to float16, halving inter-host
     bytes (two_dimensional; :mod:`~mnify.runtime.communicators.compression` has the caveat).
     """
-    from mnify.runtime import excepthook
+    from mnify.runtime import excepthook, finalize
 
     excepthook.install()
     comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
@@ -121,6 +123,7 @@ def create_communicator(
         bucket_bytes=bucket_bytes,
         inter_host_dtype=inter_host_dtype,
     )
+    finalize.install(comm)
     global _current
     _current = made
     if os.environ.get("MNIFY_VERIFY"):  # mnify run --verify, or MNIFY_VERIFY=K by hand

@@ -13,6 +13,10 @@ exit_early  rank 1 ends its script (status 0), the others wait in a collective
 exit_then_enter  rank 1 ends its script; the others work alone 5 s, then enter a collective
 tail        after a last barrier rank 0 works alone for 6 s (a post-training tail); success
 kill_one    rank 1 kills itself with SIGKILL, the others wait in a collective
+kill_late   the others end their scripts; 3 s later rank 1 kills itself with SIGKILL (the
+            finalize-fence race: a rank dying while the others are on their way out)
+stop_one    rank 1 stops itself with SIGSTOP, the others wait in a collective (needs the watchdog)
+loop_one    rank 1 loops forever in Python, the others wait in a collective (needs the watchdog)
 shapes      rank 1 passes one more element than the others to an allreduce
 train_raise_all  a Chainer Trainer whose extension raises on every rank
 train_sleep_one  a Chainer Trainer whose extension sleeps on rank 1 (needs the watchdog)
@@ -120,16 +124,26 @@ elif scenario == "handled":
         time.sleep(1.0)
     comm.barrier()
     print(f"done {comm.rank}")
-elif scenario in ("exit_code", "exit_early", "exit_then_enter", "kill_one"):
+elif scenario in ("exit_code", "exit_early", "exit_then_enter", "kill_one", "stop_one", "loop_one"):
     comm.barrier()
     if comm.rank == 1:
         failing()
         if scenario == "kill_one":
             os.kill(os.getpid(), signal.SIGKILL)
+        if scenario == "stop_one":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        while scenario == "loop_one":
+            pass
         sys.exit(int(sys.argv[2]) if scenario == "exit_code" else 0)
     if scenario == "exit_then_enter":
         time.sleep(5)  # local work: never stopped, however long
     comm.allreduce(np.ones(2))
+elif scenario == "kill_late":
+    comm.barrier()
+    if comm.rank == 1:
+        time.sleep(3)
+        failing()
+        os.kill(os.getpid(), signal.SIGKILL)
 elif scenario == "tail":
     comm.barrier()
     if comm.rank == 0:
