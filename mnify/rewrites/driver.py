@@ -32,7 +32,7 @@ from mnify.lint import (
     project_collectives,
 )
 from mnify.lint.noqa import parse_suppressions
-from mnify.rewrites import call_sites, communicator, distributed, evaluator, imports
+from mnify.rewrites import call_sites, communicator, distributed, evaluator, imports, loops
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import ApplyEdits, EditPlan
 from mnify.rewrites.facts import FactCollector
@@ -243,6 +243,8 @@ def _new_collective_findings(
                 continue
             if finding.code == "MN502" and mnbn_somewhere:
                 continue  # the model is converted where another file builds it
+            if finding.code == "MN501" and _built_everywhere_on_purpose(result, finding):
+                continue
             fixed_in = done_at_call.get(finding.code)
             if fixed_in and _enclosing_function(trees[path], finding.line) in fixed_in:
                 continue
@@ -258,6 +260,16 @@ def _new_collective_findings(
                 )
             )
     return new
+
+
+def _built_everywhere_on_purpose(result: FileResult, finding: Diagnostic) -> bool:
+    """MN501 on arrays a hand-written loop's rewrite scatters while every rank still builds
+    them: the report already says so (an info entry), and why."""
+    name = finding.message.split("`")[1] if finding.message.count("`") >= 2 else ""
+    said = f"{loops.EVERY_RANK_BUILDS}{name} "
+    return bool(name) and any(
+        e.step == "hand-loop" and e.message.startswith(said) for e in result.entries
+    )
 
 
 def _called_name(node: ast.AST) -> str | None:
