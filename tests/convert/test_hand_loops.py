@@ -219,3 +219,22 @@ def test_converted_output_is_a_fixed_point() -> None:
     first = _convert(PERMUTATION).output or ""
     again = convert_source(first, "train.py")
     assert again.output == first
+
+
+def test_example_check_tells_identical_ranks_from_disjoint_shares() -> None:
+    """The corpus's data-parallel check (tests/support/examples_seen.py) on made-up counts:
+    two epochs of 10 examples in one process; ranks with the same examples, with disjoint
+    halves, with one evening repeat, and with a lost example."""
+    from collections import Counter
+
+    from tests.support.examples_seen import check_shares
+
+    single = Counter({f"e{i}": 2 for i in range(10)} | {"noise": 1})
+    half = [Counter({f"e{i}": 2 for i in range(0, 5)}), Counter({f"e{i}": 2 for i in range(5, 10)})]
+    assert check_shares(single, half) == []
+    same = [Counter(single), Counter(single)]
+    assert "both trained on 10 of the 10" in check_shares(single, same)[0]
+    evened = [half[0] + Counter({"e5": 2}), half[1]]
+    assert check_shares(single, evened) == []  # size - 1 = 1 repeat is allowed
+    lost = [half[0], Counter({f"e{i}": 2 for i in range(5, 9)})]
+    assert check_shares(single, lost) == ["1 of the 10 training examples reached no rank"]
