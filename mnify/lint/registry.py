@@ -31,7 +31,11 @@ from mnify.lint.rules.device import (
     GpuIdFromGlobalRank,
     ImplicitDeviceWithoutSelection,
 )
-from mnify.lint.rules.extensions import FileSavedOnEveryRank, UnguardedReportingExtension
+from mnify.lint.rules.extensions import (
+    FileSavedOnEveryRank,
+    LogFileOnEveryRank,
+    UnguardedReportingExtension,
+)
 from mnify.lint.rules.fork import (
     DumpGraphUnderMpi,
     ForkUnderMpi,
@@ -57,6 +61,7 @@ ALL_RULES: tuple[type[Rule], ...] = tuple(
             DivergentWorkBeforeTimedCollective,
             UnguardedReportingExtension,
             FileSavedOnEveryRank,
+            LogFileOnEveryRank,
             DatasetLoadedOnEveryRank,
             PlainBatchNormalization,
             OptimizerNotMultiNode,

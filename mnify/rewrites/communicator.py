@@ -76,6 +76,40 @@ def find_entry(ctx: FileContext) -> None:
     if flag is not None and entry.args is not None:
         entry.device_dest = flag.dest
         entry.device_style = flag.style
+    elif flag is None and not entry.exists:
+        _device_constant(ctx, entry)
+
+
+def _device_constant(ctx: FileContext, entry: Entry) -> None:
+    """``gpu = -1`` in the entry's own body, passed as a device (``device=gpu``,
+    ``to_gpu(gpu)``, ``get_device_from_id(gpu)``): the communicator goes right after that
+    assignment, so it can read the constant at run time."""
+    for expr in device.device_expressions(ctx):
+        if not isinstance(expr, cst.Name):
+            continue
+        for a in ctx.facts.assigns_of(expr.value):
+            if a.func is not entry.func or len(a.targets) != 1 or a.stmt is None:
+                continue
+            if not _is_int_constant(a.value):
+                continue
+            block = ctx.facts.block_of.get(id(a.stmt))
+            owner = entry.func if entry.func is not None else None
+            if (
+                block is None
+                or block.func is not owner
+                or block.owner is not (entry.func.body if entry.func is not None else ctx.module)
+            ):
+                continue  # inside a branch or loop: not the one value every run has
+            if isinstance(entry, Home) and entry.guard is not None:
+                continue
+            entry.anchor, entry.top_of, entry.device_name = a.stmt, None, expr.value
+            return
+
+
+def _is_int_constant(value: cst.BaseExpression | None) -> bool:
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        value = value.expression
+    return isinstance(value, cst.Integer)
 
 
 def _existing(ctx: FileContext) -> Entry | None:
@@ -376,6 +410,14 @@ def choose(ctx: FileContext) -> Choice:
             test,
             f"'{gpu}' when {flag.option} selects a GPU ({test}), else '{cpu}' (CPU)",
         )
+    if entry is not None and entry.device_name is not None:
+        test = f"{entry.device_name} >= 0"
+        return Choice(
+            f"{ctx.q(gpu)} if {test} else {ctx.q(cpu)}",
+            test,
+            f"'{gpu}' when {entry.device_name} (set in the code) selects a GPU, else '{cpu}' "
+            "(CPU), decided at run time after it is set",
+        )
     if uses_gpu_statically(ctx):
         return Choice(
             ctx.q(gpu),
@@ -404,6 +446,15 @@ def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
     if not ctx.options.data_parallel:
         out.append(statement(_same_initial_weights(ctx)))
     flag = device.find_flag(ctx)
+    if entry.device_name is not None:
+        name = entry.device_name
+        out.append(
+            statement(
+                f"if {name} >= 0:\n"
+                "    # one GPU per rank, numbered within the node (intra_rank, not rank)\n"
+                f"    {name} = {entry.comm}.intra_rank\n"
+            )
+        )
     if flag is not None and entry.args is not None:
         test = device.gpu_test(ctx, flag, entry.args)
         out.append(

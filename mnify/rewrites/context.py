@@ -64,6 +64,9 @@ class Entry:
     args: str | None = None  # the argparse namespace variable
     device_dest: str | None = None
     device_style: str | None = None  # int | str | flag
+    # a device chosen by a constant in the code (``gpu = -1``, no flag): the communicator is
+    # created right after that assignment and picks pure_nccl or the CPU one from it at run time
+    device_name: str | None = None
 
 
 @dataclass(eq=False)

@@ -161,7 +161,7 @@ def analyse_flag(ctx: FileContext, call: cst.Call, dest: str) -> DeviceFlag | No
     return DeviceFlag(dest, option, kind, may_be_none)
 
 
-def _device_expressions(ctx: FileContext) -> list[cst.BaseExpression]:
+def device_expressions(ctx: FileContext) -> list[cst.BaseExpression]:
     """Expressions the script passes as a device, in source order."""
     found: list[cst.BaseExpression] = []
     for call in ctx.facts.calls:
@@ -202,7 +202,7 @@ def find_flag(ctx: FileContext) -> DeviceFlag | None:
                 defined[dest] = call.node
     if not defined:
         return None
-    used = [_attribute_read(ctx, e) for e in _device_expressions(ctx)]
+    used = [_attribute_read(ctx, e) for e in device_expressions(ctx)]
     for dest in [*(u for u in used if u is not None), *vocab.DEVICE_FLAG_DESTS]:
         if dest in defined:
             return analyse_flag(ctx, defined[dest], dest)

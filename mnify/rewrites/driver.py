@@ -32,7 +32,15 @@ from mnify.lint import (
     project_collectives,
 )
 from mnify.lint.noqa import parse_suppressions
-from mnify.rewrites import call_sites, communicator, distributed, evaluator, imports, trainers
+from mnify.rewrites import (
+    call_sites,
+    communicator,
+    distributed,
+    evaluator,
+    imports,
+    loops,
+    trainers,
+)
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import ApplyEdits, EditPlan
 from mnify.rewrites.facts import FactCollector
@@ -248,6 +256,8 @@ def _new_collective_findings(
                 continue  # the model is converted where another file builds it
             if at_run_time and trainers.covered_at_run_time(finding.code, finding.message):
                 continue  # mn.distribute_trainers(comm) converts it when its Trainer runs
+            if finding.code == "MN501" and _built_everywhere_on_purpose(result, finding):
+                continue
             fixed_in = done_at_call.get(finding.code)
             if fixed_in and _enclosing_function(trees[path], finding.line) in fixed_in:
                 continue
@@ -263,6 +273,16 @@ def _new_collective_findings(
                 )
             )
     return new
+
+
+def _built_everywhere_on_purpose(result: FileResult, finding: Diagnostic) -> bool:
+    """MN501 on arrays a hand-written loop's rewrite scatters while every rank still builds
+    them: the report already says so (an info entry), and why."""
+    name = finding.message.split("`")[1] if finding.message.count("`") >= 2 else ""
+    said = f"{loops.EVERY_RANK_BUILDS}{name} "
+    return bool(name) and any(
+        e.step == "hand-loop" and e.message.startswith(said) for e in result.entries
+    )
 
 
 def _called_name(node: ast.AST) -> str | None:

@@ -421,6 +421,8 @@ def plan(ctx: FileContext) -> None:
     classes = evaluator_classes(ctx)
     sites = {id(site.call.node): site for site in _whole_set_sites(ctx)}
     for call in ctx.facts.calls:
+        if isinstance(call.node.func, cst.Call):
+            continue  # ``Evaluator(...)()``: the evaluator is the inner call, wrapped once
         kind = _kind(call, classes)
         if kind is None or ctx.suppressed(call.node, "evaluator"):
             continue

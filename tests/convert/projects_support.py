@@ -21,12 +21,15 @@ files a project saves at the end must hold those trained parameters (not an untr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,7 @@ from typing import Any
 import numpy
 
 from mnify.rewrites import ConvertOptions, convert_sources
+from tests.support import examples_seen
 from tests.support.mpirun import RankRun, mpi_env, run_ranks
 
 PROJECTS = Path(__file__).resolve().parents[2] / "fixtures" / "corpus" / "projects"
@@ -58,6 +62,8 @@ class Project:
     final_models: tuple[str, ...] = ()
     # issue 12, pattern 7: left as it is, with this said in the report (needs a person)
     needs_person: str | None = None
+    # why which examples each rank trained on cannot be compared (random augmentation, ...)
+    examples_unchecked: str = ""
 
     def sources(self) -> dict[str, str]:
         """``{path: text}`` of every .py file, keyed by real path as ``mnify convert DIR`` does."""
@@ -88,6 +94,7 @@ def load_projects() -> list[Project]:
                 distributed=bool(spec.get("distributed", False)),
                 final_models=tuple(spec.get("final_models", ())),
                 needs_person=spec.get("needs_person"),
+                examples_unchecked=str(spec.get("examples_unchecked", "")),
             )
         )
     return projects
@@ -282,6 +289,11 @@ if __name__ == "__main__":
     os.chdir(workdir)
     sys.path.insert(0, SCRIPTDIR)
     sys.argv = [SCRIPT] + ARGV
+    if os.environ.get("MNIFY_EXAMPLES_OUT"):
+        # records which examples this process trains on (tests/support/examples_seen.py)
+        from tests.support.examples_seen import install
+
+        install(os.environ["MNIFY_EXAMPLES_OUT"])
 
     import chainer
     import chainer.training
@@ -346,13 +358,14 @@ def _launcher(project: Project, installed: Path, base: Path) -> str:
 
 
 def run_single(project: Project, installed: Path, base: Path) -> subprocess.CompletedProcess[str]:
-    """Run the installed entry as one plain process (no mpiexec) in ``base/rank0``."""
+    """Run the installed entry as one plain process (no mpiexec) in ``base/rank0``; the
+    examples it trains on go to ``base/examples.json``."""
     launcher = base / "launcher.py"
     launcher.write_text(_launcher(project, installed, base), encoding="utf-8")
     return subprocess.run(
         [sys.executable, str(launcher)],
         cwd=base,
-        env=mpi_env(),
+        env=mpi_env({examples_seen.OUT_ENV: str(base / "examples.json")}),
         capture_output=True,
         text=True,
         timeout=150,
@@ -369,8 +382,30 @@ def run_on_ranks(project: Project, installed: Path, base: Path, n: int = 2) -> R
         cwd=base,
         check=False,
         # a collective that some rank never reaches fails the run instead of hanging it
-        env={"MNIFY_WATCHDOG_TIMEOUT": "40"},
+        env={
+            "MNIFY_WATCHDOG_TIMEOUT": "40",
+            examples_seen.OUT_ENV: str(base / "examples.rank{rank}.json"),
+        },
     )
+
+
+def single_examples(project: Project) -> Counter[str]:
+    """The examples the original project trains on as one process (run once per session)."""
+    return _single_examples(project.name)
+
+
+@functools.cache
+def _single_examples(name: str) -> Counter[str]:
+    project = next(p for p in load_projects() if p.name == name)
+    base = Path(tempfile.mkdtemp(prefix=f"mnify-project-{name}-"))
+    installed = install(project, project.sources(), base / "code")
+    run = run_single(project, installed, base)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    return examples_seen.read(base / "examples.json")
+
+
+def rank_examples(base: Path, n: int) -> list[Counter[str]]:
+    return [examples_seen.read(base / f"examples.rank{r}.json") for r in range(n)]
 
 
 def probe_of(lines: list[str]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from tests.convert.corpus_support import (
     script_names,
     writes_mismatch,
 )
+from tests.support import examples_seen
 from tests.support.mpirun import REPO, mpi_env, run_ranks
 
 OPTIONS = ConvertOptions()
@@ -102,10 +104,11 @@ def converted_in_subprocesses() -> dict[str, dict[str, str]]:
 def test_table_covers_exactly_the_scripts() -> None:
     table = read_table()
     names = script_names()
-    assert len(names) >= 32
+    assert len(names) >= 48
     assert sorted(table) == names, "cases.toml and fixtures/corpus/scripts/*.py disagree"
     for name, row in table.items():
-        assert row.get("args") and row.get("writes"), f"{name}: no args or no writes"
+        # a tutorial script without argparse runs with no arguments (args = [])
+        assert "args" in row and row.get("writes"), f"{name}: no args or no writes"
         unknown = set(row.get("known_failures", {})) - set(CHECKS)
         assert not unknown, f"{name}: unknown checks {unknown}"
     assert sum(s.already_distributed for s in CORPUS) >= 4
@@ -246,27 +249,47 @@ def test_output_adds_no_collective_hazard(script: CorpusScript) -> None:
     assert not new, f"conversion introduced {sorted(new.elements())}"
 
 
-@pytest.mark.parametrize("script", params("original"))
-def test_original_runs_single_process(script: CorpusScript, tmp_path: Path) -> None:
-    inputs, workdir = tmp_path / "inputs", tmp_path / "run"
+@functools.cache
+def single_run(name: str) -> tuple[subprocess.CompletedProcess[str], Path, Counter[str]]:
+    """The original script run once as one plain process (cached: the e2e check compares its
+    ranks with it): the process, its working directory, and the examples it trained on."""
+    script = next(s for s in CORPUS if s.name == name)
+    base = Path(tempfile.mkdtemp(prefix=f"mnify-corpus-{name}-"))
+    inputs = base / "inputs"
     script.make_inputs(inputs)
-    workdir.mkdir()
+    launcher = base / "launcher.py"
+    launcher.write_text(launcher_source(base, script.path, script.argv(inputs)), encoding="utf-8")
+    seen = base / "examples.json"
     run = subprocess.run(
-        [sys.executable, str(script.path), *script.argv(inputs)],
-        cwd=workdir,
-        env=mpi_env(),
+        [sys.executable, str(launcher)],
+        cwd=base,
+        env=mpi_env({examples_seen.OUT_ENV: str(seen)}),
         capture_output=True,
         text=True,
         timeout=E2E_TIMEOUT,
     )
+    counts = examples_seen.read(seen) if seen.exists() else Counter[str]()
+    return run, base / "rank0", counts
+
+
+@pytest.mark.parametrize("script", params("original"))
+def test_original_runs_single_process(script: CorpusScript) -> None:
+    run, workdir, examples = single_run(script.name)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     problems = writes_mismatch(files_under(workdir), script.writes)
     assert not problems, f"{problems}\n{run.stdout[-3000:]}"
+    # what the e2e check calls the training set: examples seen once per epoch, at least twice
+    trained = examples_seen.training_set(examples)
+    if not script.examples_unchecked:
+        assert trained, "the run trained on no example twice (declare examples_unchecked, and why)"
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("script", params("e2e"))
 def test_converted_runs_on_two_ranks(script: CorpusScript, tmp_path: Path) -> None:
+    """The converted script on 2 ranks: it ends cleanly, rank 0 writes what the original writes,
+    rank 1 writes nothing, and it is data parallel on the examples themselves: each rank trains
+    on its own share of the examples the original trained on, together all of them."""
     output = output_of(script)
     code = tmp_path / "code" / script.path.name
     code.parent.mkdir()
@@ -279,9 +302,17 @@ def test_converted_runs_on_two_ranks(script: CorpusScript, tmp_path: Path) -> No
         timeout=E2E_TIMEOUT,
         cwd=tmp_path,
         check=False,
+        env={examples_seen.OUT_ENV: str(tmp_path / "examples.rank{rank}.json")},
     )
     assert not run.timed_out and run.returncode == 0, run.describe()[-12000:]
     rank1 = files_under(tmp_path / "rank1")
     assert rank1 == [], f"rank 1 wrote {rank1}"
     problems = writes_mismatch(files_under(tmp_path / "rank0"), script.writes)
     assert not problems, f"rank 0: {problems}\n{run.stdout[-3000:]}"
+    if script.already_distributed or script.examples_unchecked:
+        return  # a ChainerMN script splits its own data; or examples cannot be told apart
+    single, _, examples = single_run(script.name)
+    assert single.returncode == 0, single.stderr[-3000:]
+    ranks = [examples_seen.read(tmp_path / f"examples.rank{r}.json") for r in range(2)]
+    problems = examples_seen.check_shares(examples, ranks)
+    assert not problems, "; ".join(problems)

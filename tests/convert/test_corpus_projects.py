@@ -31,10 +31,14 @@ from tests.convert.projects_support import (
     marker_count,
     probe_of,
     probes,
+    rank_examples,
     run_on_ranks,
     run_single,
+    single_examples,
     stale_model_files,
 )
+from tests.support import examples_seen
+from tests.support.examples_seen import check_shares
 
 PROJECTS = load_projects()
 ISSUE_12_PATTERNS = set(range(1, 13)) - {11}
@@ -59,7 +63,7 @@ def _params(known: dict[str, str]) -> list[pytest.ParameterSet]:
 
 
 def test_corpus_has_the_projects_issue_12_asks_for() -> None:
-    assert len(PROJECTS) >= 11
+    assert len(PROJECTS) >= 13
     covered = set().union(*(p.patterns for p in PROJECTS))
     assert covered == ISSUE_12_PATTERNS, sorted(ISSUE_12_PATTERNS - covered)
     for table in (CONVERT_FAILURES, E2E_FAILURES):
@@ -115,7 +119,11 @@ def test_original_project_runs(project: Project, tmp_path: Path) -> None:
         assert list((tmp_path / "rank0").glob(pattern)), f"did not write {pattern}"
     assert marker_count(run.stdout.splitlines(), project.tail_marker) == 1, run.stdout
     probe = probe_of(run.stdout.splitlines())
-    assert probe["params"] and probe["datasets"]
+    assert probe["params"]
+    assert probe["datasets"] or not project.examples_unchecked, "no training data seen"
+    if not project.examples_unchecked:
+        seen = examples_seen.read(tmp_path / "examples.json")
+        assert examples_seen.training_set(seen), "no example trained on twice"
     assert stale_model_files(tmp_path / "rank0", project.final_models, probe["params"]) == []
     assert evaluator_mismatches(probe) == []
 
@@ -150,10 +158,17 @@ def test_converted_project_runs_on_two_ranks(project: Project, tmp_path: Path) -
     rank0, rank1 = probes(run, 2)
     assert rank0["params"], "no optimizer was set up"
     assert rank0["params"] == rank1["params"], "ranks ended with different parameters"
-    assert rank0["datasets"] and rank1["datasets"], "no training iterator seen"
+    # a hand-written loop has no training iterator: then the examples check below decides
+    assert (rank0["datasets"] and rank1["datasets"]) or not project.examples_unchecked, (
+        "no training iterator seen, and the examples each rank saw are not compared"
+    )
     shared = [d for d in rank1["datasets"] if d in rank0["datasets"]]
     assert not shared, f"ranks trained on the same data {shared}: not data parallel"
     stale = stale_model_files(tmp_path / "rank0", project.final_models, rank0["params"])
     assert stale == [], f"{len(stale)} saved arrays are not the trained parameters: {stale[:4]}"
     wrong = evaluator_mismatches(rank0)
     assert wrong == [], f"evaluators report other values than over the whole set: {wrong}"
+    if not project.examples_unchecked:
+        # data parallel on the examples themselves: disjoint shares of the original's examples
+        problems = check_shares(single_examples(project), rank_examples(tmp_path, 2))
+        assert not problems, "; ".join(problems)

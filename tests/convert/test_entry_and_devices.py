@@ -612,3 +612,46 @@ def main():
     people = [e.message for e in result.entries if e.severity == "needs-person"]
     assert not any("super(Evaluator" in m for m in people)  # device=None: the caller's
     assert any("model.to_gpu(gpu)" in m for m in people)  # gpu=0: every caller's GPU 0
+
+
+def test_device_constant_in_the_code_picks_the_communicator_after_it_is_set() -> None:
+    """Issue 22: ``gpu = -1`` in main (no argparse): the communicator is created right after
+    that line and chooses from it at run time; a GPU run re-points it to the rank's GPU."""
+    import ast
+    import textwrap
+
+    from mnify.rewrites import convert_source as convert_one
+
+    source = textwrap.dedent(
+        """\
+        import chainer
+        import chainer.links as L
+        from chainer import training
+
+
+        def main():
+            print('start')
+            gpu = -1
+            train, test = chainer.datasets.get_mnist()
+            model = L.Classifier(L.Linear(784, 10))
+            if gpu >= 0:
+                chainer.cuda.get_device_from_id(gpu).use()
+                model.to_gpu()
+            opt = chainer.optimizers.Adam()
+            opt.setup(model)
+            it = chainer.iterators.SerialIterator(train, 100)
+            updater = training.StandardUpdater(it, opt, device=gpu)
+            training.Trainer(updater, (1, 'epoch')).run()
+
+
+        main()
+        """
+    )
+    result = convert_one(source, "train.py")
+    assert result.error is None, result.error
+    main = next(s for s in ast.parse(result.output or "").body if isinstance(s, ast.FunctionDef))
+    body = [ast.unparse(s) for s in main.body]
+    at = body.index("gpu = -1")
+    assert body[at + 1] == "comm = mn.create_communicator('pure_nccl' if gpu >= 0 else 'flat')"
+    assert body[at + 2] == "if gpu >= 0:\n    gpu = comm.intra_rank"
+    assert body[at - 1] == "print('start')"  # runs before comm exists: no guard reads it

@@ -412,3 +412,75 @@ def test_fixtures_are_converted_as_the_pattern_says() -> None:
         {"detection_map.in.py": (FIXTURES / "detection_map.in.py").read_text()}, options
     )[0]
     assert chainermn.error is None and "gather" not in (chainermn.output or "")
+
+
+INLINE_EVALUATOR = textwrap.dedent(
+    """\
+    import argparse
+    import chainer
+    import chainer.links as L
+    from chainer import training
+    from chainer.training import extensions
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--gpu', type=int, default=-1)
+        args = parser.parse_args()
+        train, test = chainer.datasets.get_mnist()
+        model = L.Classifier(L.Linear(784, 10))
+        opt = chainer.optimizers.Adam()
+        opt.setup(model)
+        it = chainer.iterators.SerialIterator(train, 100)
+        test_iter = chainer.iterators.SerialIterator(test, 100, repeat=False, shuffle=False)
+        updater = training.StandardUpdater(it, opt, device=args.gpu)
+        trainer = training.Trainer(updater, (1, 'epoch'))
+        trainer.run()
+        result = extensions.Evaluator(test_iter, model, device=args.gpu)()
+        print(result)
+
+
+    main()
+    """
+)
+
+
+def test_inline_evaluator_call_is_wrapped_once() -> None:
+    """Issue 22: ``Evaluator(...)()`` after training: the evaluator (the inner call) is wrapped,
+    and the wrapped evaluator is what is called (was: a second wrap around the result dict)."""
+    import ast
+
+    result = convert_source(INLINE_EVALUATOR, "train.py")
+    assert result.error is None, result.error
+    tree = ast.parse(result.output or "")
+    assign = next(
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "result"
+    )
+    call = assign.value
+    assert isinstance(call, ast.Call) and not call.args  # calling the evaluator
+    wrapper = call.func
+    assert isinstance(wrapper, ast.Call)
+    assert ast.unparse(wrapper.func) == "mn.create_multi_node_evaluator"
+    inner = wrapper.args[0]
+    assert isinstance(inner, ast.Call) and ast.unparse(inner.func) == "extensions.Evaluator"
+    wraps = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("create_multi_node_evaluator")
+    ]
+    assert len(wraps) == 1
+
+
+def test_lint_reports_an_inline_evaluator_once_and_not_after_the_fix() -> None:
+    from mnify.lint import lint_source
+
+    distributed = INLINE_EVALUATOR.replace(
+        "def main():\n",
+        "import chainermn\n\n\ndef main():\n    comm = chainermn.create_communicator()\n",
+    )
+    found = [d for d in lint_source(distributed, "train.py", select=["MN505"])]
+    assert [(d.code, d.line) for d in found] == [("MN505", 25)]
+    fixed = convert_source(INLINE_EVALUATOR, "train.py").output or ""
+    assert lint_source(fixed, "train.py", select=["MN505"]) == []

@@ -133,6 +133,8 @@ class _WrapTracker(Rule):
             self.returned_names.add(name)
 
     def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Call):
+            return  # ``Evaluator(...)()`` calls what the inner call built: that one counts
         names = self.ctx.callee_names(node)
         if not names:
             return
