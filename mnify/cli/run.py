@@ -22,6 +22,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -37,7 +38,13 @@ from mnify.launch.hosts import (
     parse_hostfile,
     total_slots,
 )
-from mnify.launch.mpiexec import ENV_MPIEXEC, MpiExecNotFound, describe_mpiexec, find_mpiexec
+from mnify.launch.mpiexec import (
+    ENV_MPIEXEC,
+    MpiExec,
+    MpiExecNotFound,
+    describe_mpiexec,
+    find_mpiexec,
+)
 from mnify.launch.runner import run_job
 from mnify.launch.verdict import as_data, render_text
 from mnify.runtime import debug
@@ -62,6 +69,24 @@ def verify_outcome(lines: list[str], updates: int) -> VerifyReport:
 def _fail(message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
+
+
+def _launch_tools(mpi_args: Sequence[str], mpiexec_path: str | None) -> tuple[list[str], MpiExec]:
+    """The ``--mpi-arg`` words and the mpiexec to launch with (``--mpiexec`` or the one found),
+    shared by ``mnify run`` and ``mnify scale``; a usage error ends the command."""
+    try:
+        extra_args = [arg for chunk in mpi_args for arg in shlex.split(chunk)]
+    except ValueError as exc:
+        _fail(f"--mpi-arg: {exc}")
+    if mpiexec_path is not None:
+        resolved = shutil.which(mpiexec_path)
+        if resolved is None:
+            _fail(f"--mpiexec {mpiexec_path}: not an executable")
+        return extra_args, describe_mpiexec(str(resolved))
+    try:
+        return extra_args, find_mpiexec()
+    except MpiExecNotFound as exc:
+        _fail(str(exc))
 
 
 def _read_hosts(hostfile: str | None, hosts: str | None) -> list[HostSlots] | None:
@@ -222,20 +247,7 @@ def run(
         host_list = _read_hosts(hostfile, hosts)
     except HostSpecError as exc:
         _fail(str(exc))
-    try:
-        extra_args = [arg for chunk in mpi_args for arg in shlex.split(chunk)]
-    except ValueError as exc:
-        _fail(f"--mpi-arg: {exc}")
-    if mpiexec_path is not None:
-        resolved = shutil.which(mpiexec_path)
-        if resolved is None:
-            _fail(f"--mpiexec {mpiexec_path}: not an executable")
-        mpiexec = describe_mpiexec(str(resolved))
-    else:
-        try:
-            mpiexec = find_mpiexec()
-        except MpiExecNotFound as exc:
-            _fail(str(exc))
+    extra_args, mpiexec = _launch_tools(mpi_args, mpiexec_path)
     timeline_dir = None
     if timeline_file is not None:
         timeline_dir = timeline_merge.run_directory(timeline_file)

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import shutil
 import sys
 from typing import Any
 
 import click
 
-from mnify.cli.run import _fail, _read_hosts, verify_outcome
+from mnify.cli.run import _fail, _launch_tools, _read_hosts, verify_outcome
 from mnify.launch.command import LaunchSpec, build_command
 from mnify.launch.hosts import HostSpecError
-from mnify.launch.mpiexec import ENV_MPIEXEC, MpiExecNotFound, describe_mpiexec, find_mpiexec
+from mnify.launch.mpiexec import ENV_MPIEXEC
 from mnify.launch.runner import run_job
 from mnify.runtime.verify import ENV_LAUNCHER as ENV_VERIFY_LAUNCHER
 from mnify.runtime.verify import ENV_UPDATES as ENV_VERIFY
@@ -100,20 +98,7 @@ def scale(
             import matplotlib  # noqa: F401
         except ImportError:
             _fail("--plot needs matplotlib: pip install 'mnify[plot]'")
-    try:
-        extra_args = [arg for chunk in mpi_args for arg in shlex.split(chunk)]
-    except ValueError as exc:
-        _fail(f"--mpi-arg: {exc}")
-    if mpiexec_path is not None:
-        resolved = shutil.which(mpiexec_path)
-        if resolved is None:
-            _fail(f"--mpiexec {mpiexec_path}: not an executable")
-        mpiexec = describe_mpiexec(str(resolved))
-    else:
-        try:
-            mpiexec = find_mpiexec()
-        except MpiExecNotFound as exc:
-            _fail(str(exc))
+    extra_args, mpiexec = _launch_tools(mpi_args, mpiexec_path)
     if not os.path.isfile(script):
         _fail(f"script not found: {script}")
 
