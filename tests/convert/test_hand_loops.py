@@ -238,3 +238,19 @@ def test_example_check_tells_identical_ranks_from_disjoint_shares() -> None:
     assert check_shares(single, evened) == []  # size - 1 = 1 repeat is allowed
     lost = [half[0], Counter({f"e{i}": 2 for i in range(5, 9)})]
     assert check_shares(single, lost) == ["1 of the 10 training examples reached no rank"]
+
+
+def test_example_fingerprint_ignores_the_padding_a_batch_gives_a_sentence() -> None:
+    """A sentence padded with -1 to its batch's longest sentence is the same example in any
+    batch (the corpus's loop_sentence_lists lost examples to this when batches were reshuffled);
+    its content, and float rows, still tell examples apart."""
+    import numpy as np
+
+    from tests.support.examples_seen import _rows_of
+
+    short = np.array([[3, 4, -1, -1], [5, 6, 7, -1]], dtype=np.int32)
+    long = np.array([[3, 4, -1, -1, -1, -1], [5, 6, 7, 8, 9, 1]], dtype=np.int32)
+    assert _rows_of(short)[0] == _rows_of(long)[0]
+    assert _rows_of(short)[1] != _rows_of(long)[1]
+    floats = np.array([[1.0, -1.0], [1.0, -1.0 + 1e-6]], dtype=np.float32)
+    assert len(set(_rows_of(floats) or [])) == 2

@@ -3,7 +3,9 @@
 :func:`install` wraps Chainer's ``FunctionNode.apply``: while training (``chainer.config.train``
 and backprop enabled), every input array that is data rather than a parameter or an activation
 (a leaf of the graph that is no ``Parameter``, at least 2-D, rows of at least 2 numbers) has each of its rows
-hashed, once per array object. At exit the counts ``{row digest: times seen}`` are written as
+hashed, once per array object. An integer row loses its trailing run of ``-1`` first: that is
+Chainer's padding (``pad_sequence(xs, padding=-1)`` for ``EmbedID(ignore_label=-1)``), and how much
+of it a sentence gets depends on the longest sentence of its batch, not on the sentence. At exit the counts ``{row digest: times seen}`` are written as
 JSON to the file named by ``MNIFY_EXAMPLES_OUT`` (outside the ranks' working directories, so
 "rank 1 writes nothing" still holds). Iterators, hand-written permutation loops, generators and
 trainer classes all end in the model's first function, so one hook sees them all.
@@ -40,7 +42,16 @@ def _rows_of(array: Any) -> list[bytes] | None:
     host = numpy.ascontiguousarray(numpy.asarray(host))
     if host.dtype == object or host[0].size < 2:
         return None
-    return [bytes(row.tobytes()) + host.dtype.str.encode() for row in host]
+    tag = host.dtype.str.encode()
+    if host.dtype.kind not in "iu":
+        return [bytes(row.tobytes()) + tag for row in host]
+    rows = []
+    for row in host.reshape(len(host), -1):
+        end = len(row)
+        while end > 0 and row[end - 1] == -1:
+            end -= 1
+        rows.append(bytes(row[:end].tobytes()) + tag)
+    return rows
 
 
 def install(out_path: str) -> None:
