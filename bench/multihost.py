@@ -301,7 +301,7 @@ def drive(
     timeout: float,
     sample: float,
 ) -> None:
-    from tests.support.testbed import testbed
+    from testkit.testbed import testbed
 
     load_before = load_average()
     with testbed(len(slots)) as bed:
