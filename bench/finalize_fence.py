@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.mpirun import run_ranks  # noqa: E402
+from testkit.ranks import run_ranks  # noqa: E402
 
 SCRIPT = REPO / "tests" / "runtime" / "comm_scripts" / "failures.py"
 EXPECTED = "collective recv #1 timed out after 2 s on rank 0: rank(s) 2 never arrived"

@@ -129,7 +129,7 @@ def run_worker(args: argparse.Namespace, script: Path, ranks: int | None) -> dic
     cmd = [sys.executable, __file__, "--worker", str(script), *flags]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(REPO))
     if ranks is not None:
-        from tests.support.mpirun import find_mpiexec, mpi_env
+        from testkit.ranks import find_mpiexec, mpi_env
 
         env = mpi_env(env)
         cmd = [find_mpiexec(), "--oversubscribe", "-n", str(ranks), *cmd, "--parallel"]

@@ -117,6 +117,7 @@ def cpu_and_wait_s() -> tuple[float, float]:
 def worker(reps: int, methods: list[str]) -> None:
     """One rank: time every method ``reps`` times; rank 0 prints the results as one JSON line."""
     import numpy as np
+    from _support.spinning import create_spinning_two_dimensional
     from allreduce import GradSet, resnet50_shapes
     from mpi4py import MPI
 
@@ -129,14 +130,18 @@ def worker(reps: int, methods: list[str]) -> None:
     # "two_dimensional@8": window 8; "two_dimensional@8s": and spinning; "two_dimensional+fp16":
     # shares cross hosts as float16 (inter_host_dtype)
     for name in methods:
-        kind, narrow = name.split("@")[0], None
+        kind, _, setting = name.partition("@")
+        narrow = None
         if kind.endswith(FP16):
             kind, narrow = kind[: -len(FP16)], np.float16
-        comms[name] = create_communicator(kind, inter_host_dtype=narrow)
-        if "@" in name:
-            setting = name.split("@")[1]
+        if setting.endswith("s"):
+            if kind != "two_dimensional":
+                raise SystemExit(f"{name}: only two_dimensional has a spinning variant")
+            comms[name] = create_spinning_two_dimensional(inter_host_dtype=narrow)
+        else:
+            comms[name] = create_communicator(kind, inter_host_dtype=narrow)
+        if setting:
             comms[name].window = int(setting.rstrip("s"))  # type: ignore[attr-defined]
-            comms[name].polite = not setting.endswith("s")  # type: ignore[attr-defined]
     models = {name: GradSet(shapes, world.Get_rank()) for name in methods}
     leader = next(iter(comms.values())).intra_rank == 0
     times: dict[str, list[float]] = {name: [] for name in methods}
@@ -296,7 +301,7 @@ def drive(
     timeout: float,
     sample: float,
 ) -> None:
-    from tests.support.testbed import testbed
+    from testkit.testbed import testbed
 
     load_before = load_average()
     with testbed(len(slots)) as bed:
@@ -406,6 +411,7 @@ def main() -> None:
         nargs="+",
         default=list(METHODS),
         help=f"what to time, of {', '.join(METHODS)}; two_dimensional@W: with window W; "
+        "two_dimensional@Ws: and waits spinning in MPI_Waitall (bench/_support/spinning.py); "
         f"two_dimensional{FP16}: shares cross hosts as float16 (its floor is half)",
     )
     parser.add_argument(

@@ -79,7 +79,7 @@ def worker(impl: str, megabytes: int) -> None:
 
 
 def launch(impl: str, n: int, megabytes: int) -> dict[str, Any]:
-    from tests.support.mpirun import find_mpiexec, mpi_env
+    from testkit.ranks import find_mpiexec, mpi_env
 
     cmd = [
         find_mpiexec(),

@@ -190,7 +190,7 @@ def launch(
         if memory:
             cmd.append("--memory")
         if config != "unsplit":
-            from tests.support.mpirun import find_mpiexec, mpi_env
+            from testkit.ranks import find_mpiexec, mpi_env
 
             cmd = [find_mpiexec(), "--oversubscribe", "-n", str(ranks), *cmd]
             env = mpi_env()

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.convert.corpus_support import load_corpus  # noqa: E402
+from testkit.corpus import load_corpus  # noqa: E402
 
 MNIFY = str(Path(sys.executable).parent / "mnify")
 

@@ -78,10 +78,6 @@ class SourceText:
     encoding: str  # as tokenize names it: "utf-8-sig" when the file starts with a BOM
     crlf: bool
 
-    @property
-    def has_bom(self) -> bool:
-        return self.encoding == "utf-8-sig"
-
     def encode(self, text: str) -> bytes:
         """``text`` as this file's bytes: same encoding, BOM and line endings.
 
@@ -257,11 +253,6 @@ def write_file(path: Path, data: bytes, *, follow_symlinks: bool = True) -> None
         _remove_quietly(temp)
         raise
     _sync_directory(os.path.dirname(target))
-
-
-def backup_path(path: Path) -> Path:
-    """Where ``--in-place`` keeps ``path``'s original: beside the link's target for a link."""
-    return Path(os.path.realpath(path) + BACKUP_SUFFIX)
 
 
 def _create_backup(

@@ -588,13 +588,6 @@ WHOLE_SET_EVALUATORS: dict[str, frozenset[str]] = {
 EVALUATE_METHOD = "evaluate"
 # create_multi_node_evaluator's keyword (mnify only) that gathers instead of averaging.
 GATHER_KEYWORD = "gather"
-# ChainerMN 7's evaluator for metrics that are not means (calc_local / aggregate).
-GENERIC_EVALUATOR_CLASSES = _multi_node(
-    "GenericMultiNodeEvaluator",
-    "extensions.GenericMultiNodeEvaluator",
-    "extensions.generic_evaluator.GenericMultiNodeEvaluator",
-    "extensions.multi_node_evaluator.GenericMultiNodeEvaluator",
-)
 
 
 def is_whole_set_evaluator(qname: str) -> bool:
@@ -609,10 +602,6 @@ def is_whole_set_evaluator(qname: str) -> bool:
 def is_evaluator_class(qname: str) -> bool:
     """Chainer's Evaluator or a library evaluator built on it (a base for user subclasses)."""
     return is_evaluator(qname) or is_whole_set_evaluator(qname)
-
-
-def is_generic_multi_node_evaluator(qname: str) -> bool:
-    return qname.lstrip(".") in GENERIC_EVALUATOR_CLASSES
 
 
 def is_mnify_runtime_name(qname: str) -> bool:

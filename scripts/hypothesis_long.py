@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Run the converter's property tests with a long budget, outside CI.
 
-Same properties as ``tests/convert/test_properties.py`` (``check_skeleton`` on generated Chainer
-scripts, each converted under drawn flags; ``check_arbitrary_program`` on hypothesmith
-programs), many more examples. The run goes in chunks with different seeds; after each
+Same properties as ``tests/convert/test_properties.py``, from ``testkit/properties.py``
+(``check_skeleton`` on generated Chainer scripts, each converted under drawn flags;
+``check_arbitrary_program`` on hypothesmith programs), many more examples. The run goes in chunks with different seeds; after each
 skeleton chunk some of its scripts are converted in fresh interpreters under other hash seeds
 and ``PYTHONMALLOC=malloc`` and compared byte for byte. A failure is filed under a signature
 (property + message with line numbers and quoted code masked); once a signature is filed, later
@@ -44,8 +44,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mnify.rewrites import ConvertOptions  # noqa: E402
-from tests.convert.skeletons import Skeleton, skeletons  # noqa: E402
-from tests.convert.test_properties import (  # noqa: E402
+from testkit.properties import (  # noqa: E402
     CROSS_PROCESS_ENVS,
     PropertyFailure,
     check_arbitrary_program,
@@ -53,6 +52,7 @@ from tests.convert.test_properties import (  # noqa: E402
     convert_in_subprocesses,
     skeleton_checks,
 )
+from testkit.skeletons import Skeleton, skeletons  # noqa: E402
 
 
 def _mask_quoted(match: re.Match[str]) -> str:

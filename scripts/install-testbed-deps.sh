@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what the multi-host test bed (tests/support/testbed.py) needs when it is missing:
+# Install what the multi-host test bed (testkit/testbed.py) needs when it is missing:
 # ip and tc (iproute2), unshare (util-linux), hostname. Idempotent: does nothing when all are there.
 # Never fails the caller: without root or apt-get it says what is missing and the multi-host tests
 # then fail with the same message (they only skip where the kernel refuses namespaces).

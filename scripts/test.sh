@@ -15,8 +15,8 @@ bash scripts/setup.sh
 if [ -f scripts/install-testbed-deps.sh ]; then bash scripts/install-testbed-deps.sh; fi
 bin="$root/.venv/bin"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "== ruff check" && "$bin/ruff" check mnify tests bench examples
-echo "== ruff format --check" && "$bin/ruff" format --check mnify tests bench examples
+echo "== ruff check" && "$bin/ruff" check mnify tests bench examples testkit
+echo "== ruff format --check" && "$bin/ruff" format --check mnify tests bench examples testkit
 echo "== mypy" && "$bin/mypy" mnify
 quick=()
 if [ "${1:-}" = "--quick" ]; then

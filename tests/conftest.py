@@ -1,8 +1,8 @@
 """Shared pytest configuration.
 
 * The ``gpu`` marker skips without a CUDA device.
-* Tests in modules that launch real ranks (through the launch helpers of ``tests/support`` and
-  friends) are marked ``mpi`` automatically, so ``scripts/test.sh --quick`` can leave them out
+* Tests in modules that launch real ranks (through the launch helpers of ``testkit``,
+  ``tests/support`` and friends) are marked ``mpi`` automatically, so ``scripts/test.sh --quick`` can leave them out
   without every module having to remember its marker; ``smoke`` marks the few 2-rank runs the
   quick tier keeps (README, "Tests").
 """
@@ -30,7 +30,8 @@ def _launches_ranks(item: pytest.Item) -> bool:
     if module is None:
         return False
     return any(
-        name in _LAUNCHERS and str(getattr(obj, "__module__", "")).startswith("tests.")
+        name in _LAUNCHERS
+        and str(getattr(obj, "__module__", "")).startswith(("tests.", "testkit."))
         for name, obj in vars(module).items()
     )
 

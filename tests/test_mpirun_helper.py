@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from mnify.launch.mpiexec import find_mpiexec
 from tests.support.mpirun import run_ranks
 
 
@@ -14,6 +15,16 @@ def test_each_rank_runs_and_is_tagged() -> None:
     run = run_ranks(3, "from mpi4py import MPI\nprint('hello', MPI.COMM_WORLD.rank)\n")
     for r in range(3):
         assert run.rank_lines(r) == [f"hello {r}"]
+
+
+def test_it_launches_mnify_runs_mpiexec_oversubscribed_as_root_may() -> None:
+    """The same mpiexec ``mnify run`` finds, always ``--oversubscribe`` (also within the cores),
+    and root allowed (``OMPI_ALLOW_RUN_AS_ROOT*`` reach the ranks)."""
+    src = "import os\nprint('ROOT', os.environ.get('OMPI_ALLOW_RUN_AS_ROOT_CONFIRM'))\n"
+    run = run_ranks(1, src)
+    assert run.cmd[0] == find_mpiexec().path
+    assert run.cmd.count("--oversubscribe") == 1
+    assert run.rank_lines(0) == ["ROOT 1"]
 
 
 def test_failure_shows_all_output() -> None:

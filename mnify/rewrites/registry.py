@@ -95,11 +95,6 @@ def step_code(step: str) -> str:
     return codes[0] if codes else ""
 
 
-def fixes_for(codes: frozenset[str]) -> list[Rewrite]:
-    """The rewrites that fix any of the lint rules ``codes`` (``mnify lint --fix``)."""
-    return [r for r in load_rewrites() if set(r.fixes) & codes]
-
-
 def fixable_codes() -> frozenset[str]:
     """Every lint rule some rewrite fixes."""
     return frozenset(code for r in load_rewrites() for code in r.fixes)

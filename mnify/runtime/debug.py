@@ -31,14 +31,6 @@ def enabled() -> bool:
     return os.environ.get(ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def describe_array(x: Any) -> str:
-    """``float32(4,3)``: the dtype and shape, as messages print them."""
-    if x is None:
-        return "None"
-    shape = ",".join(str(d) for d in getattr(x, "shape", ()))
-    return f"{getattr(x, 'dtype', type(x).__name__)}({shape})"
-
-
 @dataclass(frozen=True)
 class CallSignature:
     """What one rank passed to one collective (picklable, small)."""

@@ -56,10 +56,3 @@ def install() -> None:
     _previous_hook = sys.excepthook
     sys.excepthook = _abort_on_exception
     _installed = True
-
-
-def uninstall() -> None:
-    global _installed
-    if _installed:
-        sys.excepthook = _previous_hook
-        _installed = False

@@ -30,18 +30,9 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 STOP_REPORT_PREFIX = "[mnify] rank "
-
-
-class UpdateObserver(Protocol):
-    """What :func:`watch_updates` calls; both methods are optional in practice (missing ones
-    are skipped), the protocol names them for type checkers."""
-
-    def before_update(self, optimizer: Any, index: int) -> None: ...
-
-    def after_update(self, optimizer: Any, index: int) -> None: ...
 
 
 class UpdateLimitReached(SystemExit):
@@ -269,11 +260,6 @@ def cancel_stop() -> None:
     with _lock:
         _limit = None
         _uninstall_if_idle()
-
-
-def update_count(optimizer: Any) -> int:
-    """How many updates of ``optimizer`` have been seen (0 before watching began)."""
-    return _counts.get(optimizer, 0)
 
 
 def stop_report_line(rank: int, host: str, stop: UpdateLimitReached) -> str:

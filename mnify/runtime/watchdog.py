@@ -1,8 +1,8 @@
 """Collective watchdog: a collective that waits too long raises instead of hanging the job.
 
-Seed 000 (nnabla's ``NNABLA_MPI_WATCH_DOG_*``): a rank that never arrives at a collective hangs
-every other rank forever. With ``MNIFY_WATCHDOG_TIMEOUT=SECONDS`` set, communicators start every
-MPI call non-blocking and :meth:`Watchdog.wait` polls it with ``Test()`` against a deadline
+A rank that never arrives at a collective hangs every other rank forever (nnabla answers it
+with ``NNABLA_MPI_WATCH_DOG_*``). With ``MNIFY_WATCHDOG_TIMEOUT=SECONDS`` set, communicators start
+every MPI call non-blocking and :meth:`Watchdog.wait` polls it with ``Test()`` against a deadline
 (spinning briefly, then sleeping in short steps so waiting ranks leave the CPU to the others).
 On expiry it raises :class:`~mnify.runtime.errors.CollectiveTimeout` in the calling thread.
 

@@ -5,7 +5,7 @@
 #                                            which is what Open MPI's plm_ssh_agent expects
 #   agent.sh --exec HOST ARGV...             runs ARGV exactly (no shell re-parsing)
 #
-# A host is a network namespace named "$MNIFY_TESTBED-HOST" (tests/support/testbed.py builds them).
+# A host is a network namespace named "$MNIFY_TESTBED-HOST" (testkit/testbed.py builds them).
 # The command runs inside that namespace and inside a fresh UTS namespace whose hostname is HOST,
 # so MPI_Get_processor_name() tells the hosts apart the way it does on a real cluster. The
 # environment passes through unchanged (Open MPI adds PATH/LD_LIBRARY_PATH/PRTE_PREFIX itself).

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.testbed import TestBed, build, namespaces_refused
+from testkit.testbed import TestBed, build, namespaces_refused
 
 SCRIPT = Path(__file__).parent / "scripts" / "scenarios.py"
 MNIFY = Path(sys.executable).parent / "mnify"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.support.testbed import TestBed, build, namespaces_refused
+from testkit.testbed import TestBed, build, namespaces_refused
 
 _refused: list[str | None] = []
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support.testbed import RankJob, TestBed
+from testkit.testbed import RankJob, TestBed
 
 TRAIN = Path(__file__).resolve().parent / "scripts" / "train_loop.py"
 MNIFY_RUN = [str(Path(sys.executable).parent / "mnify"), "run", "-n", "4"]

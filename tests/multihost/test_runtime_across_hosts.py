@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.testbed import TestBed
 from tests.support.mpirun import RankRun
 from tests.support.rank_checks import missing
-from tests.support.testbed import TestBed
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 RUNTIME_TESTS = Path(__file__).resolve().parents[1] / "runtime"

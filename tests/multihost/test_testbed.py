@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.testbed import (
+from testkit.testbed import (
     AGENT,
     TestBed,
     _our_links,

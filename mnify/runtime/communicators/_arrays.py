@@ -25,10 +25,6 @@ def mpi_op(op: str) -> MPI.Op:
         raise ValueError(f"unknown reduction {op!r}; expected one of {sorted(OPS)}") from None
 
 
-def is_numpy(x: Any) -> bool:
-    return isinstance(x, np.ndarray)
-
-
 def is_cupy(x: Any) -> bool:
     return type(x).__module__.split(".", 1)[0] == "cupy"
 

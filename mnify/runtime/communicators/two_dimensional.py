@@ -136,8 +136,6 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
     column_comm: MPI.Comm  # rank i of every host (COMM_NULL where hosts differ in rank counts)
     # buckets crossing the link at once; a rank holds window + 3 buckets' staging memory
     window: int = WINDOW
-    # waiting ranks sleep between tests instead of spinning in MPI_Waitall
-    polite: bool = True
 
     def __init__(
         self,
@@ -220,7 +218,7 @@ class TwoDimensionalCommunicator(HierarchicalCommunicator):
         doubling to 200 us), so a rank that waits on the link gives its core to the ranks and
         the kernel work (TCP, the shaper) that have something to do; under the watchdog, its
         wait (which sleeps likewise and keeps the deadline)."""
-        if not self.polite or self._watchdog is not None:
+        if self._watchdog is not None:
             self._wait_all(requests)
             return
         observers.wait_begins()

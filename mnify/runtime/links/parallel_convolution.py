@@ -19,9 +19,9 @@ This only holds while the replicas stay identical: same batches, same random dra
 rank alike; dropout masks included), same ops. It is the layout Megatron-LM calls a column-parallel
 layer.
 
-Unlike the hand-written version in the seed (a ``Convolution2D`` subclass whose ``in_channels`` /
-``out_channels`` clashed with the parent's), this link is a plain ``chainer.Link``: there is no
-parent attribute to overwrite. ``in_channels`` / ``out_channels`` are the full layer's;
+This link is a plain ``chainer.Link``, not a ``Convolution2D`` subclass (whose own
+``in_channels`` / ``out_channels`` would clash with the full layer's): there is no parent
+attribute to overwrite. ``in_channels`` / ``out_channels`` are the full layer's;
 the slice is ``local_out_channels`` channels starting at ``channel_offset``.
 """
 

@@ -4,7 +4,6 @@ or mnify's runtime. ``where`` in a finding is the user's innermost ``file:line``
 from __future__ import annotations
 
 import os
-import sys
 import sysconfig
 from types import FrameType
 
@@ -64,8 +63,3 @@ def describe(frame: FrameType | None) -> str:
     except ValueError:
         pass
     return f"{name}:{frame.f_lineno}"
-
-
-def user_where(skip: int = 1) -> str:
-    """``file:line`` of the user's innermost frame, seen from the caller."""
-    return describe(user_frame(sys._getframe(skip)))

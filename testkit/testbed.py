@@ -17,8 +17,8 @@ tears its bed down, also when the test inside fails.
 
 Command line (root), for trying things by hand::
 
-    python tests/support/testbed.py up 2 2     # two hosts with two slots each; prints how to use it
-    python tests/support/testbed.py down       # removes every test bed this machine has
+    python testkit/testbed.py up 2 2     # two hosts with two slots each; prints how to use it
+    python testkit/testbed.py down       # removes every test bed this machine has
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make ``tests.support`` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # run as a script: make ``testkit`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.mpirun import REPO, RankRun, find_mpiexec, mpi_env
+from testkit.ranks import REPO, RankRun, find_mpiexec, mpi_env
 
 AGENT = REPO / "scripts" / "testbed" / "agent.sh"
 PREFIX = "mnf"
@@ -394,7 +394,7 @@ class TestBed:
     ) -> RankRun:
         """Run a Python script (a path, or source text) across the hosts and wait for it.
 
-        Like :func:`tests.support.mpirun.run_ranks`, but ranks are placed by hostfile slots and
+        Like :func:`testkit.ranks.run_ranks`, but ranks are placed by hostfile slots and
         never oversubscribed; ``check`` raises with every rank's output unless the job passed.
         """
         path = self.script_file(script)
