@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -70,6 +71,13 @@ def _to_switch(text: str) -> bool | None:
     return None if text.lower() == "auto" else _to_bool(text)
 
 
+def _to_seconds(text: str) -> float:
+    value = float(text)
+    if math.isnan(value):
+        raise ValueError(text)
+    return value
+
+
 def _to_launch(text: str) -> LaunchWiring:
     return LaunchWiring.from_text(text)
 
@@ -79,7 +87,7 @@ SWITCH: Kind[bool | None] = Kind(
     "1/0/auto", "1, 0 or auto (true/false, yes/no, on/off)", _to_switch
 )
 INT: Kind[int] = Kind("int", "a whole number", int)
-SECONDS: Kind[float] = Kind("seconds", "a number of seconds", float)
+SECONDS: Kind[float] = Kind("seconds", "a number of seconds", _to_seconds)
 STR: Kind[str] = Kind("str", "a name", str)
 PATH: Kind[str] = Kind("path", "a path", str)
 LAUNCH_JSON: Kind[LaunchWiring] = Kind("JSON", "a JSON object written by mnify run", _to_launch)
@@ -261,6 +269,20 @@ VARIABLES: tuple[Variable[Any], ...] = (
 )  # fmt: skip
 
 NOT_FORWARDED: tuple[str, ...] = tuple(v.name for v in VARIABLES if not v.forwarded)
+
+
+def bad_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """What is wrong with the variables set (one message each; ``MNIFY_LAUNCH`` aside, which
+    the launcher writes itself): ``mnify run`` says it before starting a rank that would stop."""
+    found = []
+    for variable in VARIABLES:
+        if variable.set_by == "launcher":
+            continue
+        try:
+            variable.read(environ)
+        except BadValue as exc:
+            found.append(str(exc))
+    return found
 
 
 # -- the docs' table ---------------------------------------------------------------------------

@@ -64,6 +64,13 @@ def verify_outcome(lines: list[str], updates: int) -> VerifyReport:
     return VerifyReport(updates=0)
 
 
+def _check_environment() -> None:
+    """A bad ``MNIFY_*`` value is a usage error, said before any rank starts and stops on it."""
+    bad = environment.bad_values()
+    if bad:
+        _fail("; ".join(bad))
+
+
 def _fail(message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
@@ -235,6 +242,7 @@ def run(
     script_args: tuple[str, ...],
 ) -> None:
     """Run SCRIPT on N ranks with mpiexec; collapse the ranks' tracebacks when it fails."""
+    _check_environment()
     if not os.path.isfile(script):
         hint = ""
         if os.path.basename(script).startswith("python") and script_args:

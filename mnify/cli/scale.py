@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from mnify import environment
-from mnify.cli.run import _fail, _launch_tools, _read_hosts, verify_outcome
+from mnify.cli.run import _check_environment, _fail, _launch_tools, _read_hosts, verify_outcome
 from mnify.environment import LaunchWiring
 from mnify.launch.command import LaunchSpec, build_command
 from mnify.launch.hosts import HostSpecError
@@ -86,6 +86,7 @@ def scale(
     from mnify.launch import scale as measuring
 
     counts = _counts(counts_text)
+    _check_environment()
     if hostfile is not None and hosts is not None:
         _fail("give either --hostfile or --host, not both")
     try:

@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from mnify import environment
+from mnify.cli import main
 from mnify.environment import BadValue, LaunchWiring
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +85,22 @@ def test_a_reader_on_the_way_out_says_a_bad_value_and_keeps_the_default(
 ) -> None:
     assert environment.ABORT_GRACE.read_or_default({"MNIFY_ABORT_GRACE": "later"}) == 1.0
     assert "MNIFY_ABORT_GRACE must be a number of seconds, got 'later'" in capsys.readouterr().err
+
+
+def test_mnify_run_and_scale_refuse_a_bad_value_before_starting_a_rank(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never run')\n", encoding="utf-8")
+    bad = {"MNIFY_DEBUG": "maybe", "MNIFY_EXIT_BARRIER": "soon", "MNIFY_LAUNCH": "ignored"}
+    assert environment.bad_values(bad) == [
+        "MNIFY_DEBUG must be 1 or 0 (true/false, yes/no, on/off), got 'maybe'",
+        "MNIFY_EXIT_BARRIER must be a number of seconds, got 'soon'",
+    ]
+    runner = CliRunner()
+    for command in (["run", "-n", "2"], ["scale", "-n", "1,2"]):
+        result = runner.invoke(main, [*command, str(script)], env={"MNIFY_DEBUG": "maybe"})
+        assert result.exit_code == 2, result.output
+        assert "error: MNIFY_DEBUG must be 1 or 0" in result.output
+        assert "never run" not in result.output
 
 
 def test_the_launch_wiring_round_trips_and_refuses_what_it_does_not_know() -> None:
