@@ -1,9 +1,9 @@
 """``mnify scale``: run a script at several rank counts, measure, and name what costs the speed-up.
 
 Each count runs the unmodified script under the launcher of ``mnify run`` with the timeline on
-and ``scale_updates=W+K+1`` in ``MNIFY_LAUNCH``: :mod:`mnify.runtime.scale_probe` records updates, iterators,
-extensions and rank-0-guarded blocks, and stops every rank after update W+K+1 (so that K whole
-steps follow the W warm-up ones). The merged timeline is accounted for by
+and ``scale_updates=W+K+1`` in ``MNIFY_LAUNCH``: :mod:`mnify.runtime.scale_probe` records
+updates, iterators, extensions and rank-0-guarded blocks, and stops every rank after update
+W+K+1 (so that K whole steps follow the W warm-up ones). The merged timeline is accounted for by
 :mod:`mnify.launch.attribution` (the account ``mnify run --timeline`` gives too) and
 :mod:`mnify.launch.stragglers`; the causes are judged at the largest count.
 """

@@ -5,10 +5,11 @@ while the others wait for it in their next collective: the job hangs with no err
 launcher can only end such a job if it knows both facts, so each rank publishes them here.
 
 Under ``mnify run`` the launcher names a directory and its host (``rank_state_dir`` and
-``rank_state_host`` in ``MNIFY_LAUNCH``, :class:`mnify.environment.LaunchWiring`); the bootstrap calls :func:`start`, which maps a small file
-``rank-R`` in that directory and subscribes to the runtime's events (:mod:`mnify.runtime.observers`): from
-then on each collective's start and each wait inside MPI write the rank's state into that
-memory, two stores around each wait, no system call. Ranks on another host (whose directory
+``rank_state_host`` in ``MNIFY_LAUNCH``, :class:`mnify.environment.LaunchWiring`); the
+bootstrap calls :func:`start`, which maps a small file ``rank-R`` in that directory and
+subscribes to the runtime's events (:mod:`mnify.runtime.observers`): from then on each
+collective's start and each wait inside MPI write the rank's state into that memory, two
+stores around each wait, no system call. Ranks on another host (whose directory
 the launcher cannot read) and processes not started by ``mnify run`` subscribe nothing.
 
 The record (80 bytes, native byte order, as the launcher runs on the same host): six 64-bit
