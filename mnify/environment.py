@@ -167,17 +167,16 @@ class LaunchWiring:
             raise BadValue(f"not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise BadValue("not a JSON object")
-        types: dict[str, tuple[type, ...]] = {
-            "rank_state_dir": (str,),
-            "rank_state_host": (str,),
-            "verify_report": (bool,),
-            "scale_updates": (int,),
-        }
+        types: dict[str, type] = {
+            "rank_state_dir": str, "rank_state_host": str, "verify_report": bool,
+            "scale_updates": int,
+        }  # fmt: skip
         for key, value in data.items():
             if key not in types:
                 raise BadValue(f"unknown key {key!r}")
-            if not isinstance(value, types[key]) or (key == "scale_updates" and value is True):
-                raise BadValue(f"{key} must be {types[key][0].__name__}, got {value!r}")
+            # bool is an int in Python, not in JSON: true is no number of updates
+            if not isinstance(value, types[key]) or (types[key] is int and isinstance(value, bool)):
+                raise BadValue(f"{key} must be {types[key].__name__}, got {value!r}")
         if data.get("scale_updates") is not None and data["scale_updates"] < 1:
             raise BadValue(f"scale_updates must be 1 or more, got {data['scale_updates']}")
         return cls(**data)
