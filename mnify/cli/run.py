@@ -28,6 +28,8 @@ from typing import Any, NoReturn
 
 import click
 
+from mnify import environment
+from mnify.environment import LaunchWiring
 from mnify.launch import timeline_merge
 from mnify.launch.command import LaunchSpec, build_command
 from mnify.launch.diagnosis import Category, JobFacts, diagnose
@@ -39,7 +41,6 @@ from mnify.launch.hosts import (
     total_slots,
 )
 from mnify.launch.mpiexec import (
-    ENV_MPIEXEC,
     MpiExec,
     MpiExecNotFound,
     describe_mpiexec,
@@ -48,10 +49,7 @@ from mnify.launch.mpiexec import (
 from mnify.launch.runner import run_job
 from mnify.launch.verdict import as_data, render_text
 from mnify.runtime import debug
-from mnify.runtime.timeline import ENV_DIR
 from mnify.runtime.verify import DEFAULT_UPDATES
-from mnify.runtime.verify import ENV_LAUNCHER as ENV_VERIFY_LAUNCHER
-from mnify.runtime.verify import ENV_UPDATES as ENV_VERIFY
 from mnify.runtime.verify.report import VerifyReport
 from mnify.runtime.verify.report import render as render_verify
 
@@ -64,6 +62,13 @@ def verify_outcome(lines: list[str], updates: int) -> VerifyReport:
         except (ValueError, TypeError):
             continue
     return VerifyReport(updates=0)
+
+
+def _check_environment() -> None:
+    """A bad ``MNIFY_*`` value is a usage error, said before any rank starts and stops on it."""
+    bad = environment.bad_values()
+    if bad:
+        _fail("; ".join(bad))
 
 
 def _fail(message: str) -> NoReturn:
@@ -158,7 +163,8 @@ def _exit_status(returncode: int) -> int:
     "mpiexec_path",
     type=str,
     default=None,
-    help=f"The mpiexec to use (default: ${ENV_MPIEXEC}, the one beside Python, then PATH).",
+    help=f"The mpiexec to use (default: ${environment.MPIEXEC.name}, the one beside Python, "
+    "then PATH).",
 )
 @click.option(
     "--hold-seconds",
@@ -236,6 +242,7 @@ def run(
     script_args: tuple[str, ...],
 ) -> None:
     """Run SCRIPT on N ranks with mpiexec; collapse the ranks' tracebacks when it fails."""
+    _check_environment()
     if not os.path.isfile(script):
         hint = ""
         if os.path.basename(script).startswith("python") and script_args:
@@ -251,10 +258,10 @@ def run(
     timeline_dir = None
     if timeline_file is not None:
         timeline_dir = timeline_merge.run_directory(timeline_file)
-        exports = (*exports, f"{ENV_DIR}={timeline_dir}")
+        exports = (*exports, f"{environment.TIMELINE.name}={timeline_dir}")
     verify_k = verify_updates or (DEFAULT_UPDATES if verify else None)
     if verify_k is not None:
-        exports = (*exports, f"{ENV_VERIFY}={verify_k}", f"{ENV_VERIFY_LAUNCHER}=1")
+        exports = (*exports, f"{environment.VERIFY.name}={verify_k}")
     spec = LaunchSpec(
         nprocs=nprocs,
         script=script,
@@ -265,6 +272,7 @@ def run(
         mpi_args=extra_args,
         export=list(exports),
         tag_ranks=tag_output or not dry_run,
+        wiring=LaunchWiring(verify_report=verify_k is not None),
     )
     command = build_command(spec, mpiexec)
     notes = list(command.notes)

@@ -19,13 +19,12 @@ from typing import Any
 
 import click
 
-from mnify.cli.run import _fail, _launch_tools, _read_hosts, verify_outcome
+from mnify import environment
+from mnify.cli.run import _check_environment, _fail, _launch_tools, _read_hosts, verify_outcome
+from mnify.environment import LaunchWiring
 from mnify.launch.command import LaunchSpec, build_command
 from mnify.launch.hosts import HostSpecError
-from mnify.launch.mpiexec import ENV_MPIEXEC
 from mnify.launch.runner import run_job
-from mnify.runtime.verify import ENV_LAUNCHER as ENV_VERIFY_LAUNCHER
-from mnify.runtime.verify import ENV_UPDATES as ENV_VERIFY
 
 
 def _counts(text: str) -> list[int]:
@@ -65,7 +64,7 @@ def _counts(text: str) -> list[int]:
 @click.option("-x", "--export", "exports", multiple=True, metavar="NAME[=VALUE]",
               help="Also forward this environment variable to every rank; repeatable.")  # fmt: skip
 @click.option("--mpiexec", "mpiexec_path", type=str, default=None,
-              help=f"The mpiexec to use (default: ${ENV_MPIEXEC}, the one beside Python, then PATH).")  # fmt: skip
+              help=f"The mpiexec to use (default: ${environment.MPIEXEC.name}, the one beside Python, then PATH).")  # fmt: skip
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def scale(
@@ -87,6 +86,7 @@ def scale(
     from mnify.launch import scale as measuring
 
     counts = _counts(counts_text)
+    _check_environment()
     if hostfile is not None and hosts is not None:
         _fail("give either --hostfile or --host, not both")
     try:
@@ -102,10 +102,13 @@ def scale(
     if not os.path.isfile(script):
         _fail(f"script not found: {script}")
 
-    def launch(n: int, env: dict[str, str], verify: int | None, log: Any) -> Any:
+    def launch(
+        n: int, env: dict[str, str], scale_updates: int | None, verify: int | None, log: Any
+    ) -> Any:
         extra = [f"{k}={v}" for k, v in env.items()]
         if verify is not None:
-            extra += [f"{ENV_VERIFY}={verify}", f"{ENV_VERIFY_LAUNCHER}=1"]
+            extra.append(f"{environment.VERIFY.name}={verify}")
+        wiring = LaunchWiring(verify_report=verify is not None, scale_updates=scale_updates)
         spec = LaunchSpec(
             nprocs=n,
             script=script,
@@ -115,6 +118,7 @@ def scale(
             watchdog=watchdog,
             mpi_args=extra_args,
             export=[*exports, *extra],
+            wiring=wiring,
         )
         result = run_job(build_command(spec, mpiexec), mpiexec.flavor, nprocs=n, out=log, err=log)
         status = result.returncode

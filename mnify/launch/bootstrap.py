@@ -34,24 +34,20 @@ import time
 import traceback
 from typing import Any
 
+from mnify import environment
 from mnify.launch import parent_death
 from mnify.runtime import rank_state
 
-GRACE_ENV = "MNIFY_ABORT_GRACE"
-DEFAULT_GRACE = 1.0
-
 
 def abort_grace() -> float:
-    try:
-        return max(0.0, float(os.environ.get(GRACE_ENV, DEFAULT_GRACE)))
-    except ValueError:
-        return DEFAULT_GRACE
+    """Seconds from ``MNIFY_ABORT_GRACE``; a bad value is said and ignored: the rank is failing."""
+    return max(0.0, environment.ABORT_GRACE.read_or_default())
 
 
 def _rank_and_host() -> tuple[int, str]:
     from mpi4py import MPI
 
-    host = os.environ.get("MNIFY_HOSTNAME") or MPI.Get_processor_name()
+    host = environment.HOSTNAME.read() or MPI.Get_processor_name()
     return int(MPI.COMM_WORLD.Get_rank()), host
 
 
@@ -113,18 +109,17 @@ def _user_traceback(exc: BaseException) -> str:
 def _run_script(path: str) -> None:
     """The script as ``__main__``; under ``mnify scale`` with its probes (the script's
     rank-0-guarded blocks timed: :mod:`mnify.runtime.scale_probe`), else as runpy runs it."""
-    if not os.environ.get("MNIFY_SCALE", "").strip():
+    try:
+        updates = environment.LAUNCH.read().scale_updates
+    except environment.BadValue as exc:
+        raise SystemExit(f"mnify: {exc}") from None
+    if updates is None:
         runpy.run_path(path, run_name="__main__")
         return
     import types
 
     from mnify.runtime import scale_probe
 
-    updates = scale_probe.updates_from_env()
-    if updates is None:
-        raise SystemExit(
-            f"mnify: MNIFY_SCALE must be a number of updates, got {os.environ['MNIFY_SCALE']!r}"
-        )
     scale_probe.start(updates)
     code = scale_probe.compile_script(path)
     module = types.ModuleType("__main__")
@@ -156,7 +151,7 @@ def main(argv: list[str]) -> None:
     if rank_state.world_rank_from_env() is not None:
         parent_death.die_with_parent(signal.SIGKILL)  # a rank never outlives its launcher
     rank_state.start()
-    if os.environ.get("MNIFY_VERIFY"):  # mnify run --verify: watch from the script's start
+    if environment.VERIFY.is_set():  # mnify run --verify: watch from the script's start
         from mnify.runtime.verify import start_if_requested
 
         start_if_requested()

@@ -14,7 +14,12 @@ and why:
   only then. Never with a hostfile or ``--host``: there it would let Open MPI pack every rank onto
   the first host instead of failing loudly.
 - ``MNIFY_*``, ``CUDA_VISIBLE_DEVICES`` and ``PYTHONPATH`` reach the ranks on other hosts only when
-  forwarded (``-x NAME`` for Open MPI, ``-genv NAME VALUE`` for MPICH).
+  forwarded (``-x NAME`` for Open MPI, ``-genv NAME VALUE`` for MPICH); not the per-host and
+  launcher-side ones (:data:`mnify.environment.NOT_FORWARDED`).
+- ``MNIFY_LAUNCH`` (:class:`mnify.environment.LaunchWiring`) is the launcher's own, never the
+  caller's value; forwarded when the spec tells the ranks something (``--verify``, ``mnify
+  scale``). The runner adds the rank-state directory to it (:meth:`LaunchCommand.with_wiring`);
+  ranks on other hosts that receive it publish nothing there, the host not being theirs.
 - Ranks tag their lines (``--tag-output`` / ``-prepend-rank``) so each line can be attributed;
   ``mnify run`` strips the tags again. ``--dry-run`` prints a command for people to run
   themselves, so it tags only when asked (``tag_ranks``).
@@ -22,21 +27,21 @@ and why:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mnify import environment
+from mnify.environment import LaunchWiring
 from mnify.launch.hosts import physical_cores
 from mnify.launch.mpiexec import MpiExec
 
 # Variables forwarded to every rank when set: exact names, and prefixes.
 FORWARDED_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTHONPATH")
 FORWARDED_PREFIXES = ("MNIFY_",)
-# Per-host or launcher-side settings: forwarding one value to every host would be wrong.
-NOT_FORWARDED = ("MNIFY_HOSTNAME", "MNIFY_MPIEXEC", "MNIFY_RANK_STATE_DIR", "MNIFY_RANK_STATE_HOST")
-WATCHDOG_ENV = "MNIFY_WATCHDOG_TIMEOUT"
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
@@ -55,6 +60,7 @@ class LaunchSpec:
     python: str = sys.executable
     abort_on_error: bool = True  # run through ``python -m mnify.launch.bootstrap``
     tag_ranks: bool = True  # mpiexec tags each line with its rank (mnify run reads the tags)
+    wiring: LaunchWiring = field(default_factory=LaunchWiring)  # told to the ranks: MNIFY_LAUNCH
 
     @property
     def single_host(self) -> bool:
@@ -70,6 +76,18 @@ class LaunchCommand:
     forwarded: list[str]  # names passed on to the ranks explicitly
     inherited: dict[str, str] = field(default_factory=dict)  # forwarded values already set
     notes: list[str] = field(default_factory=list)  # warnings worth showing before the run
+    wiring: LaunchWiring = field(default_factory=LaunchWiring)  # what env's MNIFY_LAUNCH says
+
+    def with_wiring(self, wiring: LaunchWiring) -> LaunchCommand:
+        """This command telling the ranks ``wiring`` instead (``MNIFY_LAUNCH`` in the
+        environment, and in MPICH's ``-genv`` when it is forwarded)."""
+        name, text = environment.LAUNCH.name, wiring.to_text()
+        argv = list(self.argv)
+        for i in range(len(argv) - 2):
+            if argv[i] == "-genv" and argv[i + 1] == name:
+                argv[i + 2] = text
+        env = {**self.env, name: text}
+        return dataclasses.replace(self, argv=argv, env=env, wiring=wiring)
 
     def full_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
@@ -94,7 +112,7 @@ def forwarded_names(environ: Mapping[str, str], extra: list[str]) -> list[str]:
         name
         for name in environ
         if (name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES))
-        and name not in NOT_FORWARDED
+        and name not in environment.NOT_FORWARDED
     }
     names.update(item.split("=", 1)[0] for item in extra)
     return sorted(names)
@@ -130,17 +148,21 @@ def build_command(
     if openmpi and is_root:
         env.update(ROOT_ENV)
     if spec.watchdog is not None:
-        env[WATCHDOG_ENV] = f"{spec.watchdog:g}"
+        env[environment.WATCHDOG_TIMEOUT.name] = f"{spec.watchdog:g}"
     for item in spec.export:
         name, sep, value = item.partition("=")
         if sep:
             env[name] = value
         elif name not in environ:
             notes.append(f"--export {name}: not set in this environment, not forwarded")
+    if spec.wiring != LaunchWiring():
+        env[environment.LAUNCH.name] = spec.wiring.to_text()
     visible = {**environ, **env}
     forwarded = [
         n for n in forwarded_names(visible, spec.export) if n in visible and n not in ROOT_ENV
     ]
+    if environment.LAUNCH.name in env:
+        forwarded = sorted({*forwarded, environment.LAUNCH.name})
 
     argv = [mpiexec.path]
     if openmpi:
@@ -178,4 +200,7 @@ def build_command(
     argv += ["-m", "mnify.launch.bootstrap"] if spec.abort_on_error else ["-u"]
     argv += [spec.script, *spec.script_args]
     inherited = {name: environ[name] for name in forwarded if name not in env}
-    return LaunchCommand(argv=argv, env=env, forwarded=forwarded, inherited=inherited, notes=notes)
+    return LaunchCommand(
+        argv=argv, env=env, forwarded=forwarded, inherited=inherited, notes=notes,
+        wiring=spec.wiring,
+    )  # fmt: skip

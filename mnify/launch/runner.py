@@ -10,6 +10,7 @@ printed raw after ``hold_seconds`` so a rank that hangs after a handled error is
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import re
 import shutil
@@ -37,7 +38,7 @@ from mnify.launch.rank_reports import (
     TracebackCollector,
 )
 from mnify.launch.ranklines import RankLine, parse_line
-from mnify.runtime import mpi_files, rank_state
+from mnify.runtime import mpi_files
 
 _EOF = object()
 # What prterun says when told to stop (interactive advice meant for a terminal).
@@ -176,9 +177,11 @@ def run_job(
     When mpiexec has exited, anything still in its session is killed too.
     """
     state_dir = tempfile.mkdtemp(prefix="mnify-run-")
+    here = dataclasses.replace(
+        command.wiring, rank_state_dir=state_dir, rank_state_host=socket.gethostname()
+    )
+    command = command.with_wiring(here)
     env = command.full_env(base_env)
-    env[rank_state.ENV_DIR] = state_dir
-    env[rank_state.ENV_HOST] = socket.gethostname()
     try:
         with _stop_signals():
             return _run(

@@ -1,9 +1,9 @@
 """``mnify scale``: run a script at several rank counts, measure, and name what costs the speed-up.
 
 Each count runs the unmodified script under the launcher of ``mnify run`` with the timeline on
-and ``MNIFY_SCALE=W+K+1``: :mod:`mnify.runtime.scale_probe` records updates, iterators,
-extensions and rank-0-guarded blocks, and stops every rank after update W+K+1 (so that K whole
-steps follow the W warm-up ones). The merged timeline is accounted for by
+and ``scale_updates=W+K+1`` in ``MNIFY_LAUNCH``: :mod:`mnify.runtime.scale_probe` records
+updates, iterators, extensions and rank-0-guarded blocks, and stops every rank after update
+W+K+1 (so that K whole steps follow the W warm-up ones). The merged timeline is accounted for by
 :mod:`mnify.launch.attribution` (the account ``mnify run --timeline`` gives too) and
 :mod:`mnify.launch.stragglers`; the causes are judged at the largest count.
 """
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mnify import environment
 from mnify.launch import attribution, stragglers, timeline_merge
 from mnify.launch.attribution import PARTS, Attribution, Breakdown
 
 SCHEMA = 1
 CAUSE_SHARE = 0.15  # a cause is named when it costs at least this share of the step
 SMALL_BATCH = 32  # per-rank examples under which a GPU is not kept busy
-ENV_UPDATES = "MNIFY_SCALE"  # read by mnify.runtime.scale_probe (not imported here)
 
 
 class ScaleError(Exception):
@@ -357,8 +357,8 @@ class Launched:
     verify_findings: list[tuple[str, list[int]]] | None = None
 
 
-# launch(n, extra environment, verify updates or None, log) -> what it left
-Launch = Callable[[int, dict[str, str], "int | None", Any], Launched]
+# launch(n, extra environment, scale updates or None, verify updates or None, log) -> what it left
+Launch = Callable[[int, dict[str, str], "int | None", "int | None", Any], Launched]
 VERIFY_UPDATES = 3  # a --verify run this long at the largest count checks that data is split
 
 
@@ -367,7 +367,7 @@ def _check_same_data(run: Run, launch: Launch, directory: Path, say: Callable[[s
     (its hashing of every example would slow the measured run)."""
     say(f"mnify scale: {run.ranks} rank(s): --verify for {VERIFY_UPDATES} updates (same-data) ...")
     with open(directory / "verify.log", "w", encoding="utf-8") as log:
-        launched = launch(run.ranks, {}, VERIFY_UPDATES, log)
+        launched = launch(run.ranks, {}, None, VERIFY_UPDATES, log)
     if launched.verify_findings is None or not launched.stops:
         run.same_data_note = f"--verify did not report (exit status {launched.status})"
         return
@@ -394,13 +394,10 @@ def measure(
         directory = Path(tempfile.mkdtemp(prefix=f"mnify-scale-{n}-"))
         log_path = directory / "output.log"
         try:
-            env = {
-                "MNIFY_TIMELINE": str(directory / "ranks"),
-                ENV_UPDATES: str(warmup + updates + 1),
-            }
+            env = {environment.TIMELINE.name: str(directory / "ranks")}
             say(f"mnify scale: {n} rank(s): {warmup} + {updates} updates ...")
             with open(log_path, "w", encoding="utf-8") as log:
-                launched = launch(n, env, None, log)
+                launched = launch(n, env, warmup + updates + 1, None, log)
             load = os.getloadavg()
             if launched.status != 0 or not launched.stops:
                 tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]

@@ -14,17 +14,15 @@ import faulthandler
 import os
 from typing import IO, NoReturn
 
-FALLBACK_ENV = "MNIFY_ABORT_FALLBACK"
-DEFAULT_FALLBACK = 5.0
+from mnify import environment
 
 _sink: IO[str] | None = None  # faulthandler writes its traceback dump here; kept open on purpose
 
 
 def fallback_seconds() -> float:
-    try:
-        return max(0.5, float(os.environ.get(FALLBACK_ENV, DEFAULT_FALLBACK)))
-    except ValueError:
-        return DEFAULT_FALLBACK
+    """Seconds from ``MNIFY_ABORT_FALLBACK`` (at least 0.5); a bad value is said and ignored:
+    the job is being ended."""
+    return max(0.5, environment.ABORT_FALLBACK.read_or_default())
 
 
 def abort_job(code: int) -> NoReturn:

@@ -15,20 +15,19 @@ compare.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnify import environment
 from mnify.runtime.errors import CollectiveMismatch, format_ranks
 
-ENV = "MNIFY_DEBUG"
 # kinds whose per-rank shapes may differ by contract
 SHAPES_MAY_DIFFER = frozenset({"gather", "allgather", "alltoall", "scatter"})
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return environment.DEBUG.read()
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,9 @@ import time
 
 from mpi4py import MPI
 
+from mnify import environment
 from mnify.runtime import mpi_files
 
-ENV = "MNIFY_EXIT_BARRIER"
-DEFAULT_TIMEOUT = 60.0
 # the launchers' variables: present under mpiexec (any MPI), absent for a singleton
 _LAUNCHED_ENVS = ("PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_SIZE")
 
@@ -43,13 +42,7 @@ _registered = False
 
 def barrier_timeout() -> float:
     """Seconds from ``MNIFY_EXIT_BARRIER``; 0 (off) for a value <= 0."""
-    raw = os.environ.get(ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        return DEFAULT_TIMEOUT
+    return max(0.0, environment.EXIT_BARRIER.read())
 
 
 def is_singleton() -> bool:

@@ -28,20 +28,16 @@ without a loss function on a model whose lazy parameters appeared in the caller'
 from __future__ import annotations
 
 import copy
-import os
 from typing import TYPE_CHECKING, Any
 
 import chainer
 
+from mnify import environment
 from mnify.runtime import observers
 from mnify.runtime.overlap_hooks import OverlapEngine, OverlapStats
 
 if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
-
-
-# "1" or "0": what overlap=None means (default: on for pure_nccl only)
-OVERLAP_ENV = "MNIFY_OVERLAP"
 
 ParamSignature = tuple[tuple[str, tuple[int, ...] | None], ...]
 
@@ -312,9 +308,9 @@ def create_multi_node_optimizer(
     """
     name = getattr(communicator, "name", None)
     if overlap is None:
-        forced = os.environ.get(OVERLAP_ENV, "").strip()
-        if forced in ("0", "1"):
-            overlap = forced == "1" and not double_buffering and zero_fill
+        forced = environment.OVERLAP.read()
+        if forced is not None:
+            overlap = forced and not double_buffering and zero_fill
         else:
             overlap = name == "pure_nccl" and not double_buffering and zero_fill
     elif overlap and double_buffering:

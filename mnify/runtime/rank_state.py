@@ -4,11 +4,12 @@ A rank that leaves early (``sys.exit``, a ``return`` only it takes) blocks in ``
 while the others wait for it in their next collective: the job hangs with no error anywhere. The
 launcher can only end such a job if it knows both facts, so each rank publishes them here.
 
-Under ``mnify run`` the launcher names a directory (``MNIFY_RANK_STATE_DIR``) and its host
-(``MNIFY_RANK_STATE_HOST``); the bootstrap calls :func:`start`, which maps a small file
-``rank-R`` in that directory and subscribes to the runtime's events (:mod:`mnify.runtime.observers`): from
-then on each collective's start and each wait inside MPI write the rank's state into that
-memory, two stores around each wait, no system call. Ranks on another host (whose directory
+Under ``mnify run`` the launcher names a directory and its host (``rank_state_dir`` and
+``rank_state_host`` in ``MNIFY_LAUNCH``, :class:`mnify.environment.LaunchWiring`); the
+bootstrap calls :func:`start`, which maps a small file ``rank-R`` in that directory and
+subscribes to the runtime's events (:mod:`mnify.runtime.observers`): from then on each
+collective's start and each wait inside MPI write the rank's state into that memory, two
+stores around each wait, no system call. Ranks on another host (whose directory
 the launcher cannot read) and processes not started by ``mnify run`` subscribe nothing.
 
 The record (80 bytes, native byte order, as the launcher runs on the same host): six 64-bit
@@ -29,11 +30,10 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
+from mnify import environment
 from mnify.runtime import observers
 from mnify.runtime.observers import Observer
 
-ENV_DIR = "MNIFY_RANK_STATE_DIR"
-ENV_HOST = "MNIFY_RANK_STATE_HOST"
 # the world rank as each MPI's launcher exports it, in order of preference
 RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 
@@ -185,11 +185,12 @@ def start() -> bool:
     global _record, _unsubscribe
     if _record is not None:
         return True
-    directory = os.environ.get(ENV_DIR, "")
+    wiring = environment.LAUNCH.read()
+    directory = wiring.rank_state_dir
     rank = world_rank_from_env()
     if not directory or rank is None or not os.path.isdir(directory):
         return False
-    if os.environ.get(ENV_HOST, "") != socket.gethostname():
+    if wiring.rank_state_host != socket.gethostname():
         return False  # a directory of the same name on another host, or a shared file system
     try:
         _record = StateFile(record_path(directory, rank))

@@ -1,6 +1,7 @@
 """``mnify scale``'s probes inside each rank: where a step's time goes besides the collectives.
 
-``mnify scale`` runs the script under ``mnify run`` with the timeline on and ``MNIFY_SCALE=N``;
+``mnify scale`` runs the script under ``mnify run`` with the timeline on and ``scale_updates=N``
+in ``MNIFY_LAUNCH`` (:class:`mnify.environment.LaunchWiring`);
 the bootstrap then calls :func:`start` before the script runs and compiles the script with
 :func:`compile_script`. From then on, and only then, this rank's timeline also records
 
@@ -11,7 +12,7 @@ the bootstrap then calls :func:`start` before the script runs and compiles the s
 - each block of the script guarded by a rank-0 test (``if comm.rank == 0:``, ``if rank != 0:
   ... else:``): the compiled script times the block (``rank0`` events).
 
-Without ``MNIFY_SCALE`` nothing here is imported: no class is wrapped, the script is run as it
+Without ``scale_updates`` nothing here is imported: no class is wrapped, the script is run as it
 was written (``tests/scale`` checks both).
 """
 
@@ -20,25 +21,17 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from mnify.runtime import timeline, update_watch
 from mnify.runtime.timeline import NO_COMM, Category
 
-ENV_UPDATES = "MNIFY_SCALE"
 RANK0_HOOK = "__mnify_rank0_work__"  # the name the compiled script calls its guarded blocks by
 
 _started = False
 _depth = 0  # inside a recorded span (nested iterators, a guarded block inside another)
 _wrapped: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
-
-
-def updates_from_env() -> int | None:
-    """The number of updates ``mnify scale`` asked for; None when scale is off."""
-    value = os.environ.get(ENV_UPDATES, "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 # -- recording --------------------------------------------------------------------------------

@@ -58,12 +58,11 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
+from mnify import environment
 from mnify.runtime import observers
 from mnify.runtime.observers import Observer, payload_bytes
 
-ENV_DIR = "MNIFY_TIMELINE"
-ENV_EVENTS = "MNIFY_TIMELINE_EVENTS"
-DEFAULT_EVENTS = 1 << 17
+DEFAULT_EVENTS: int = environment.TIMELINE_EVENTS.default
 
 MAGIC = int.from_bytes(b"MNTL", "little")
 VERSION = 1
@@ -121,15 +120,11 @@ clock: Callable[[], int] = time.perf_counter_ns
 
 
 def enabled() -> bool:
-    return bool(os.environ.get(ENV_DIR, "").strip())
+    return environment.TIMELINE.is_set()
 
 
 def capacity_from_env() -> int:
-    try:
-        value = int(os.environ.get(ENV_EVENTS, "") or DEFAULT_EVENTS)
-    except ValueError:
-        return DEFAULT_EVENTS
-    return max(16, value)
+    return max(16, environment.TIMELINE_EVENTS.read())
 
 
 def rank_file(directory: str | os.PathLike[str], rank: int) -> Path:
@@ -465,7 +460,8 @@ def _make(directory: str, rank: int, size: int, host: str) -> Recorder | None:
             capacity=capacity_from_env(),
         )  # fmt: skip
     except OSError as exc:
-        sys.stderr.write(f"mnify: {ENV_DIR}={directory}: cannot record the timeline: {exc}\n")
+        name = environment.TIMELINE.name
+        sys.stderr.write(f"mnify: {name}={directory}: cannot record the timeline: {exc}\n")
         return None
     atexit.register(_finish)
     return _made
@@ -485,11 +481,12 @@ def attach(comm: Any) -> bool:
     from mpi4py import MPI
 
     mpi_comm = comm.mpi_comm
-    want = enabled()
+    directory = environment.TIMELINE.read()
+    want = directory is not None
     rec = None
-    if want:
+    if directory is not None:
         world = MPI.COMM_WORLD
-        rec = _make(os.environ[ENV_DIR].strip(), world.Get_rank(), world.Get_size(), comm.host_name)
+        rec = _make(directory, world.Get_rank(), world.Get_size(), comm.host_name)
     votes = np.array([int(want), int(rec is not None)], dtype=np.int64)
     mpi_comm.Allreduce(MPI.IN_PLACE, votes, op=MPI.SUM)
     size = mpi_comm.Get_size()
@@ -497,10 +494,11 @@ def attach(comm: Any) -> bool:
         # said once, by the lowest rank that wanted to record (every rank is here)
         first = mpi_comm.allreduce(comm.rank if want else size, op=MPI.MIN)
         if want and comm.rank == first:
+            name = environment.TIMELINE.name
             sys.stderr.write(
-                f"mnify: {ENV_DIR} is set on {int(votes[0])} of {size} ranks and usable on "
+                f"mnify: {name} is set on {int(votes[0])} of {size} ranks and usable on "
                 f"{int(votes[1])}: not recording the timeline (every rank must record; "
-                f"forward the variable to every host: mpiexec -x {ENV_DIR})\n"
+                f"forward the variable to every host: mpiexec -x {name})\n"
             )
         return False
     assert rec is not None

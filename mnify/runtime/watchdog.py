@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import math
-import os
 import threading
 import time
 import weakref
@@ -26,9 +25,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from mnify import environment
 from mnify.runtime.errors import CollectiveTimeout
 
-ENV = "MNIFY_WATCHDOG_TIMEOUT"
 _QUERY_TAG = 7101
 _REPLY_TAG = 7102
 # Polling: this many Test() calls back to back, then sleeps doubling up to _MAX_SLEEP. Open MPI
@@ -56,14 +55,8 @@ def _decode(reply: np.ndarray) -> tuple[int, str]:
 
 def timeout_from_env() -> float | None:
     """Seconds from ``MNIFY_WATCHDOG_TIMEOUT``; None (watchdog off) when unset, empty or <= 0."""
-    raw = os.environ.get(ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{ENV} must be a number of seconds, got {raw!r}") from None
-    return value if value > 0 else None
+    value = environment.WATCHDOG_TIMEOUT.read()
+    return value if value is not None and value > 0 else None
 
 
 _live: weakref.WeakSet[Watchdog] = weakref.WeakSet()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mnify.environment import LaunchWiring
 from mnify.launch.command import LaunchSpec, build_command
 from mnify.launch.mpiexec import MpiExec, parse_version_banner
 
@@ -117,6 +118,29 @@ def test_shell_text_is_quoted_and_reproduces_env_and_argv() -> None:
     assert "export MNIFY_DEBUG=1" in text  # an inherited, forwarded value
     assert "export OMPI_ALLOW_RUN_AS_ROOT=1" in text
     assert text.splitlines()[-1].endswith("train.py --out 'my dir'")
+
+
+@pytest.mark.parametrize("mpiexec", [OMPI, MPICH], ids=["openmpi", "mpich"])
+def test_the_launch_wiring_is_the_launchers_own_and_reaches_every_rank(mpiexec: MpiExec) -> None:
+    """MNIFY_LAUNCH: never the caller's value; forwarded when the spec tells the ranks
+    something; the runner's additions (the rank-state directory) reach MPICH's -genv too."""
+    stale = {**ENV, "MNIFY_LAUNCH": '{"scale_updates": 9}'}
+    plain = build_command(spec(), mpiexec, stale, cores=8, is_root=False)
+    assert "MNIFY_LAUNCH" not in plain.forwarded and "MNIFY_LAUNCH" not in plain.shell_text()
+    told = build_command(
+        spec(wiring=LaunchWiring(verify_report=True)), mpiexec, stale, cores=8, is_root=False
+    )
+    assert "MNIFY_LAUNCH" in told.forwarded
+    assert LaunchWiring.from_text(told.env["MNIFY_LAUNCH"]) == LaunchWiring(verify_report=True)
+    here = LaunchWiring(verify_report=True, rank_state_dir="/tmp/state", rank_state_host="h0")
+    running = told.with_wiring(here)
+    assert LaunchWiring.from_text(running.full_env(stale)["MNIFY_LAUNCH"]) == here
+    argv = running.argv
+    genv = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "-genv"}
+    if mpiexec is MPICH:
+        assert LaunchWiring.from_text(genv["MNIFY_LAUNCH"]) == here
+    else:
+        assert argv == told.argv and argv[argv.index("MNIFY_LAUNCH") - 1] == "-x"
 
 
 def test_without_the_bootstrap_the_script_runs_unbuffered() -> None:

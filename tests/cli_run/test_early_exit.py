@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from mnify import environment
+from mnify.environment import LaunchWiring
 from mnify.launch.early_exit import EarlyExitWatch
 from mnify.runtime import observers, rank_state
 from mnify.runtime.rank_state import Phase, StateFile, read_record, record_path
@@ -16,8 +18,8 @@ from mnify.runtime.rank_state import Phase, StateFile, read_record, record_path
 
 @pytest.fixture
 def published(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv(rank_state.ENV_DIR, str(tmp_path))
-    monkeypatch.setenv(rank_state.ENV_HOST, socket.gethostname())
+    wiring = LaunchWiring(rank_state_dir=str(tmp_path), rank_state_host=socket.gethostname())
+    monkeypatch.setenv(environment.LAUNCH.name, wiring.to_text())
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
     yield tmp_path
     rank_state.stop()
@@ -49,7 +51,8 @@ def test_a_rank_publishes_entering_waiting_and_exiting(published: Path) -> None:
 def test_nothing_is_published_for_another_host(
     published: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(rank_state.ENV_HOST, "some-other-host")
+    elsewhere = LaunchWiring(rank_state_dir=str(published), rank_state_host="some-other-host")
+    monkeypatch.setenv(environment.LAUNCH.name, elsewhere.to_text())
     assert not rank_state.start()
     observers.wait_begins()  # nobody subscribed: nothing is written
     assert list(published.iterdir()) == [] and observers.subscribers() == ()

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mnify import environment
 from mnify.runtime import debug, watchdog
 from mnify.runtime.communicators import shared_memory
 from mnify.runtime.communicators.buckets import (
@@ -136,17 +137,17 @@ def test_debug_messages_name_ranks_and_what_they_passed() -> None:
 
 
 def test_env_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(watchdog.ENV, raising=False)
+    monkeypatch.delenv(environment.WATCHDOG_TIMEOUT.name, raising=False)
     assert watchdog.timeout_from_env() is None
-    monkeypatch.setenv(watchdog.ENV, "2.5")
+    monkeypatch.setenv(environment.WATCHDOG_TIMEOUT.name, "2.5")
     assert watchdog.timeout_from_env() == 2.5
-    monkeypatch.setenv(watchdog.ENV, "0")
+    monkeypatch.setenv(environment.WATCHDOG_TIMEOUT.name, "0")
     assert watchdog.timeout_from_env() is None
-    monkeypatch.setenv(watchdog.ENV, "soon")
+    monkeypatch.setenv(environment.WATCHDOG_TIMEOUT.name, "soon")
     with pytest.raises(ValueError, match="MNIFY_WATCHDOG_TIMEOUT"):
         watchdog.timeout_from_env()
     for value, on in (("1", True), ("yes", True), ("0", False), ("", False), ("off", False)):
-        monkeypatch.setenv(debug.ENV, value)
+        monkeypatch.setenv(environment.DEBUG.name, value)
         assert debug.enabled() is on
 
 

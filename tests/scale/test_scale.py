@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from mnify import environment
+from mnify.environment import LaunchWiring
 from mnify.runtime import scale_probe
 from tests.cli_run.console import MNIFY, rank_env
 
@@ -130,7 +132,8 @@ def test_which_branch_is_rank0_only(test: str, expected: bool | None) -> None:
 
 def test_without_scale_nothing_is_installed_and_with_it_the_run_stops(tmp_path: Path) -> None:
     """A fresh process under the bootstrap: no probe, no wrapped class, the script as written;
-    with MNIFY_SCALE=3 the probes are in and every update after the third is never made."""
+    told scale_updates=3 (in MNIFY_LAUNCH, as mnify scale tells it) the probes are in and every
+    update after the third is never made."""
     script = tmp_path / "probe.py"
     script.write_text(textwrap.dedent('''
         import sys
@@ -151,9 +154,8 @@ def test_without_scale_nothing_is_installed_and_with_it_the_run_stops(tmp_path: 
     off = subprocess.run(run, capture_output=True, text=True, timeout=120, env=rank_env())
     assert off.returncode == 0, off.stderr
     assert "PROBES [False, False, False, False]" in off.stdout and "UPDATE 10" in off.stdout
-    on = subprocess.run(
-        run, capture_output=True, text=True, timeout=120, env=rank_env(MNIFY_SCALE="3")
-    )
+    told = {environment.LAUNCH.name: LaunchWiring(scale_updates=3).to_text()}
+    on = subprocess.run(run, capture_output=True, text=True, timeout=120, env=rank_env(**told))
     assert on.returncode == 0, on.stderr
     assert "PROBES [True, True, True, True]" in on.stdout
     assert [ln for ln in on.stdout.splitlines() if ln.startswith("UPDATE")][-1] == "UPDATE 2"

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from mnify import environment
 from mnify.runtime import observers, timeline
 from mnify.runtime.timeline import Category, Recorder, TimelineFileError, read_file
 
@@ -305,7 +306,7 @@ def test_without_the_variable_nothing_is_installed_or_recorded(
     from mnify.runtime.communicators import create_communicator
     from mnify.runtime.communicators.marks import collective_names
 
-    monkeypatch.delenv(timeline.ENV_DIR, raising=False)
+    monkeypatch.delenv(environment.TIMELINE.name, raising=False)
     pack = kernels.pack
     comm = create_communicator("flat")
     try:

@@ -27,11 +27,11 @@ when asked for.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
 from mpi4py import MPI
 
+from mnify import environment
 from mnify.runtime.communicators.base import CommunicatorBase
 from mnify.runtime.communicators.topology import Topology, host_name
 
@@ -126,7 +126,7 @@ def create_communicator(
     finalize.install(comm)
     global _current
     _current = made
-    if os.environ.get("MNIFY_VERIFY"):  # mnify run --verify, or MNIFY_VERIFY=K by hand
+    if environment.VERIFY.is_set():  # mnify run --verify, or MNIFY_VERIFY=K by hand
         from mnify.runtime.verify import start_if_requested
 
         start_if_requested()

@@ -57,14 +57,14 @@ from typing import Any, Protocol
 import numpy as np
 from mpi4py import MPI
 
+from mnify import environment
 from mnify.runtime import kernels, observers
 from mnify.runtime.communicators.buckets import ScalePlacement, place_scale
 
-ENV = "MNIFY_SHARED_MEMORY"  # "0" turns this path off (MPI Allreduce instead)
-
 
 def enabled_by_env() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """``MNIFY_SHARED_MEMORY`` is not 0 (0: MPI Allreduce instead of the segment)."""
+    return environment.SHARED_MEMORY.read()
 
 
 SEGMENT_BUDGET = 32 << 20

@@ -42,12 +42,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from mnify import environment
 from mnify.runtime import kernels, observers
 from mnify.runtime.communicators.shared_memory import share_bounds
-
-# "0": means stay on the shared-memory segment; "1": always single copy; unset ("auto"): the
-# communicator times both and keeps the faster (:mod:`~mnify.runtime.communicators.path_choice`)
-ENV = "MNIFY_SINGLE_COPY"
 
 # Chunk of a rank's share reduced at a time: small enough that the chunk stays in cache
 # between the sum, the scale and the writes to the other ranks. Measured in bench/allreduce.py.
@@ -59,11 +56,14 @@ PLANS_KEPT = 8
 
 
 def enabled_by_env() -> bool:
-    return os.environ.get(ENV, "auto").strip().lower() not in ("0", "false", "no", "off")
+    """``MNIFY_SINGLE_COPY`` is not 0: the path may be taken (always when 1; when unset or auto
+    the communicator times both and keeps the faster, :mod:`.path_choice`)."""
+    return environment.SINGLE_COPY.read() is not False
 
 
 def forced_by_env() -> bool:
-    return os.environ.get(ENV, "auto").strip().lower() in ("1", "true", "yes", "on")
+    """``MNIFY_SINGLE_COPY=1``: always this path, nothing measured."""
+    return environment.SINGLE_COPY.read() is True
 
 
 def _syscalls() -> tuple[Any, Any] | None:

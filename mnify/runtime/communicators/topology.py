@@ -7,15 +7,16 @@ several hosts on one machine.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from mpi4py import MPI
 
+from mnify import environment
+
 
 def host_name() -> str:
     """This rank's host name: ``MNIFY_HOSTNAME`` if set, else MPI's processor name."""
-    return os.environ.get("MNIFY_HOSTNAME") or MPI.Get_processor_name()
+    return environment.HOSTNAME.read() or MPI.Get_processor_name()
 
 
 @dataclass(frozen=True)

@@ -21,23 +21,15 @@ this is imported or installed when verification is off.
 
 from __future__ import annotations
 
-import os
+from mnify import environment
 
-ENV_UPDATES = "MNIFY_VERIFY"  # K: verify the first K updates, then stop
-ENV_LAUNCHER = "MNIFY_VERIFY_LAUNCHER"  # "1": mnify run renders the report (print JSON)
-ENV_TIMEOUT = "MNIFY_VERIFY_TIMEOUT"  # seconds rank 0 waits for the others at the stop
-DEFAULT_UPDATES = 3
+DEFAULT_UPDATES = 3  # K of ``mnify run --verify`` without ``--verify-updates``
 
 
 def requested_updates() -> int | None:
     """K from ``MNIFY_VERIFY`` (``1``..), None when verification is off."""
-    value = os.environ.get(ENV_UPDATES, "").strip()
-    if not value or value == "0":
-        return None
-    try:
-        return max(1, int(value))
-    except ValueError:
-        return DEFAULT_UPDATES
+    value = environment.VERIFY.read()
+    return None if value == 0 else max(1, value)
 
 
 def start_if_requested() -> bool:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from mnify import environment
 from mnify.runtime.verify import frames
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -39,7 +40,7 @@ class WriteRecorder:
     _own_dirs: tuple[str, ...] = ()
 
     def install(self) -> None:
-        own = [os.environ.get(name, "") for name in ("MNIFY_RANK_STATE_DIR", "MNIFY_TIMELINE")]
+        own = [environment.LAUNCH.read().rank_state_dir, environment.TIMELINE.read()]
         self._own_dirs = tuple(os.path.abspath(d) + os.sep for d in own if d)
         self.recording = True
         sys.addaudithook(self._hook)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import Counter
@@ -12,8 +11,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from mnify import environment
 from mnify.runtime import update_watch
-from mnify.runtime.verify import ENV_LAUNCHER, ENV_TIMEOUT, examples, frames, params
+from mnify.runtime.verify import examples, frames, params
 from mnify.runtime.verify.judge import RankRecord, judge
 from mnify.runtime.verify.rank_writes import WriteRecorder
 from mnify.runtime.verify.report import render
@@ -147,7 +147,7 @@ class VerifySession:
                 records.append(self._receive(source, _TAG_RECORD, deadline))
             report = judge(records, updates)
             # under mnify run the launcher sets the status from the report: the ranks exit 0
-            launcher = os.environ.get(ENV_LAUNCHER) == "1"
+            launcher = environment.LAUNCH.read().verify_report
             code = 1 if report.findings and not launcher else 0
             self._say(report)
             for dest in range(1, self.size):
@@ -178,7 +178,7 @@ class VerifySession:
         import json
 
         sys.stdout.flush()
-        if os.environ.get(ENV_LAUNCHER) == "1":
+        if environment.LAUNCH.read().verify_report:
             sys.stderr.write(REPORT_PREFIX + json.dumps(report.as_data()) + "\n")
         else:
             sys.stderr.write("\n".join(render(report, self.size)) + "\n")
@@ -196,10 +196,9 @@ def _multi_node_iterator_alive() -> bool:
 
 
 def _timeout() -> float:
-    try:
-        return max(1.0, float(os.environ.get(ENV_TIMEOUT, "120")))
-    except ValueError:
-        return 120.0
+    """Seconds from ``MNIFY_VERIFY_TIMEOUT`` (at least 1); read at the stop, so a bad value is
+    said and the default used rather than failing the stop itself."""
+    return max(1.0, environment.VERIFY_TIMEOUT.read_or_default())
 
 
 _session: VerifySession | None = None

@@ -20,6 +20,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
+from mnify import environment
 from mnify import runtime as mn
 from mnify.runtime.communicators import single_copy
 from tests.support.rank_checks import GradientModel
@@ -35,11 +36,11 @@ def grads_of(rank: int, dtype: type, salt: int) -> list[np.ndarray]:
 
 
 def made(env: str) -> mn.CommunicatorBase:
-    os.environ[single_copy.ENV] = env
+    os.environ[environment.SINGLE_COPY.name] = env
     try:
         return mn.create_communicator("flat")
     finally:
-        del os.environ[single_copy.ENV]
+        del os.environ[environment.SINGLE_COPY.name]
 
 
 def digest(arrays: list[np.ndarray]) -> bytes:

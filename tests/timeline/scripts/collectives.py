@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 
+from mnify import environment
 from mnify.runtime import observers, timeline
 from mnify.runtime.communicators import create_communicator
 from tests.support.rank_checks import passed
@@ -37,7 +38,7 @@ class Model:
 def main() -> None:
     name = sys.argv[1]
     if "--only-rank1" in sys.argv and os.environ.get("OMPI_COMM_WORLD_RANK") == "0":
-        os.environ.pop(timeline.ENV_DIR, None)
+        os.environ.pop(environment.TIMELINE.name, None)
     comm = create_communicator(name)
     print("WRAPPED", timeline.observes(comm), flush=True)
     model = Model()

@@ -1099,7 +1099,9 @@ class NcclCommunicator:
         NcclCommunicator._count += 1
         self.name = f"communicator #{NcclCommunicator._count}"
         self._pending: set[_NcclLaunch] = set()
-        host = os.environ.get("MNIFY_HOSTNAME") or MPI.Get_processor_name()
+        from mnify import environment  # standard library only: no cycle with the runtime
+
+        host = environment.HOSTNAME.read() or MPI.Get_processor_name()
         bus = host + "/" + Device(self.device).pci_bus_id
         buses = self._comm.allgather(bus)
         if buses.count(bus) > 1:
