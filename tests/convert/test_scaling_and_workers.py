@@ -262,9 +262,20 @@ def test_cli_scale_lr_options() -> None:
         convert_command, [str(MNIST), "--scale-lr", "linear", "--warmup-epochs", "2"]
     )
     assert good.exit_code == 0, good.output
-    assert "+    trainer.extend(mn.LinearWarmup(comm.size, warmup_epochs=2))" in good.output
+    warmed = convert(
+        MNIST.read_text(encoding="utf-8"), str(MNIST), scale_lr="linear", warmup_epochs=2
+    )
+    assert_has_statement(
+        warmed.output or "",
+        "trainer.extend(mn.LinearWarmup(comm.size, warmup_epochs=2))",
+        within="main",
+    )
+    assert good.stdout == warmed.diff()
     default = runner.invoke(convert_command, [str(MNIST)])
-    assert default.exit_code == 0 and "LinearWarmup" not in default.output
+    assert default.exit_code == 0
+    plain = convert(MNIST.read_text(encoding="utf-8"), str(MNIST))
+    assert_no_name(plain.output or "", "LinearWarmup")
+    assert default.stdout == plain.diff()
 
 
 # ---------------------------------------------------------------------------- count-normalised loss
