@@ -72,6 +72,22 @@ def _call_matches(pattern: ast.Call, node: ast.Call) -> bool:
     return open_ended or len(pattern.keywords) == len(node.keywords)
 
 
+def is_statement(stmt: ast.stmt, pattern: str) -> bool:
+    """Whether ``stmt`` matches ``pattern``, a single statement."""
+    (wanted,) = ast.parse(textwrap.dedent(pattern)).body
+    return matches(wanted, stmt)
+
+
+def index_of(block: Sequence[ast.stmt], pattern: str) -> int:
+    """The index of the first statement of ``block`` matching the single statement ``pattern``;
+    fails, listing the block, when none does."""
+    for i, stmt in enumerate(block):
+        if is_statement(stmt, pattern):
+            return i
+    listing = "\n".join(ast.unparse(s) for s in block)
+    raise AssertionError(f"no statement matching\n{textwrap.dedent(pattern)}\namong:\n{listing}")
+
+
 def _roots(code: str, within: str | None) -> list[ast.AST]:
     """The module, or every function of it named ``within`` (at any depth)."""
     tree = ast.parse(code)
@@ -86,21 +102,24 @@ def _roots(code: str, within: str | None) -> list[ast.AST]:
     return functions
 
 
-def _blocks(root: ast.AST) -> Iterator[list[ast.stmt]]:
-    for node in ast.walk(root):
+def _blocks(root: ast.AST, top_level: bool) -> Iterator[list[ast.stmt]]:
+    for node in [root] if top_level else ast.walk(root):
         for name in ("body", "orelse", "finalbody"):
             block = getattr(node, name, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
                 yield block
 
 
-def find_statements(code: str, pattern: str, *, within: str | None = None) -> list[list[ast.stmt]]:
+def find_statements(
+    code: str, pattern: str, *, within: str | None = None, top_level: bool = False
+) -> list[list[ast.stmt]]:
     """Every run of consecutive statements of one block of ``code`` (or of the functions named
-    ``within``) that matches the statements of ``pattern``, in order of the walk."""
+    ``within``) that matches the statements of ``pattern``, in order of the walk.
+    ``top_level``: only the module's (or the function's) own statements, not nested blocks."""
     wanted = ast.parse(textwrap.dedent(pattern)).body
     found = []
     for root in _roots(code, within):
-        for block in _blocks(root):
+        for block in _blocks(root, top_level):
             for start in range(len(block)):
                 for end in range(start + 1, len(block) + 1):
                     if _sequence_matches(wanted, block[start:end]):
@@ -134,15 +153,19 @@ def _where(within: str | None) -> str:
     return f" in {within}()" if within else ""
 
 
-def assert_has_statement(code: str, pattern: str, *, within: str | None = None) -> list[ast.stmt]:
+def assert_has_statement(
+    code: str, pattern: str, *, within: str | None = None, top_level: bool = False
+) -> list[ast.stmt]:
     """``pattern``'s statements occur, consecutively in one block; returns the first match."""
-    found = find_statements(code, pattern, within=within)
+    found = find_statements(code, pattern, within=within, top_level=top_level)
     assert found, f"no statements matching\n{textwrap.dedent(pattern)}{_where(within)} in:\n{code}"
     return found[0]
 
 
-def assert_no_statement(code: str, pattern: str, *, within: str | None = None) -> None:
-    found = find_statements(code, pattern, within=within)
+def assert_no_statement(
+    code: str, pattern: str, *, within: str | None = None, top_level: bool = False
+) -> None:
+    found = find_statements(code, pattern, within=within, top_level=top_level)
     assert not found, f"unexpected{_where(within)}: {[ast.unparse(s) for s in found[0]]}"
 
 

@@ -3,6 +3,8 @@ matches what it should and, where a substring check would have passed, fails whe
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 
 from tests.convert.ast_checks import (
@@ -15,6 +17,8 @@ from tests.convert.ast_checks import (
     contains,
     find_expressions,
     find_statements,
+    index_of,
+    is_statement,
     names_used,
 )
 
@@ -117,3 +121,17 @@ def test_contains_takes_a_lone_expression_anywhere_and_statements_in_a_block() -
     assert contains(CODE, "mn.links.create_mnbn_model(model, comm)")  # inside an assignment
     assert contains(CODE, "comm = mn.create_communicator(...)")
     assert not contains(CODE, "model = mn.links.create_mnbn_model(comm, model)")
+
+
+def test_top_level_leaves_nested_blocks_out() -> None:
+    assert find_statements(CODE, "print('ready')\nprint('set')", within="main")
+    assert not find_statements(CODE, "print('ready')\nprint('set')", within="main", top_level=True)
+    assert find_statements(CODE, "flag = 1", within="main", top_level=True)
+
+
+def test_index_of_and_is_statement_look_at_one_block() -> None:
+    main = next(s for s in ast.parse(CODE).body if isinstance(s, ast.FunctionDef))
+    assert index_of(main.body, "comm = mn.create_communicator(...)") == 1
+    assert is_statement(main.body[4], "if comm.rank == 0:\n    ...")
+    with pytest.raises(AssertionError, match="among"):
+        index_of(main.body, "print('ready')")  # nested in the if, not in main's block
