@@ -251,7 +251,12 @@ def test_chainermn_target_leaves_whole_set_evaluators_unwrapped_and_says_so() ->
     lines = extend_lines(result.output or "")
     assert lines[0] == "trainer.extend(MapEvaluator(test_iter, model))"
     assert_no_keyword(result.output or "", "gather")
-    assert lines[1].startswith("trainer.extend(chainermn.create_multi_node_evaluator(")
+    assert_has_statement(
+        result.output or "",
+        "trainer.extend(chainermn.create_multi_node_evaluator("
+        "extensions.Evaluator(test_iter, model), comm), name='plain')",
+        within="main",
+    )
     (whole,) = [e for e in evaluator_entries(result) if "MapEvaluator" in e[1]]
     scattered = bool(
         find_statements(result.output or "", "test = chainermn.scatter_dataset(test, comm)")
