@@ -35,7 +35,15 @@ from mnify.rewrites.evaluator import (
     keeps_full_test_set,
 )
 from mnify.rewrites.facts import FactCollector
+from tests.convert.ast_checks import (
+    assert_has_expression,
+    assert_has_statement,
+    assert_no_keyword,
+    assert_no_name,
+    find_statements,
+)
 from tests.convert.cases import BY_NAME, FIXTURES
+from tests.convert.converting import convert
 from tests.convert.test_e2e import _converted, _install, _run_on_ranks
 
 HEAD = """\
@@ -69,13 +77,6 @@ def main():
 def script(classes: str = "", extends: str = "", head: str = HEAD) -> str:
     body = textwrap.indent(textwrap.dedent(extends), "    ")
     return head + textwrap.dedent(classes) + MAIN.replace("{extends}", body.rstrip("\n"))
-
-
-def convert(source: str, **options: Any) -> FileResult:
-    result = convert_source(source, "train.py", ConvertOptions(**options))
-    assert result.error is None, result.error
-    assert result.output is not None
-    return result
 
 
 def evaluator_entries(result: FileResult) -> list[tuple[str, str]]:
@@ -158,8 +159,12 @@ def test_library_evaluators_whose_metric_is_not_a_mean_gather(
         extends=f"trainer.extend({construction}(test_iter, model))\n", head=HEAD + imports
     )
     result = convert(source)
-    flat = " ".join((result.output or "").split())
-    assert f"{construction}(test_iter, model), comm, gather=True)" in flat
+    assert_has_statement(
+        result.output or "",
+        f"trainer.extend(mn.create_multi_node_evaluator({construction}(test_iter, model), comm,"
+        " gather=True))",
+        within="main",
+    )
     ((severity, message),) = evaluator_entries(result)
     assert severity == "changed" and "over the whole test set" in message
 
@@ -174,15 +179,20 @@ class VOCWithDifficult(DetectionVOCEvaluator):
         "trainer.extend(VOCWithDifficult(test_iter, model))\n",
         head=HEAD + "from chainercv.extensions import DetectionVOCEvaluator\n",
     )
-    assert "VOCWithDifficult(test_iter, model), comm, gather=True)" in (
-        convert(source).output or ""
+    assert_has_statement(
+        convert(source).output or "",
+        "trainer.extend(mn.create_multi_node_evaluator(VOCWithDifficult(test_iter, model), comm,"
+        " gather=True))",
+        within="main",
     )
 
 
 def test_noqa_leaves_the_evaluator_alone() -> None:
     source = script(OVERRIDES, "trainer.extend(MapEvaluator(test_iter, model))  # noqa: MN505\n")
     result = convert(source)
-    assert "trainer.extend(MapEvaluator(test_iter, model))  # noqa: MN505" in (result.output or "")
+    text = result.output or ""
+    (kept,) = assert_has_statement(text, "trainer.extend(MapEvaluator(test_iter, model))")
+    assert text.splitlines()[kept.lineno - 1].endswith("  # noqa: MN505")
     assert evaluator_entries(result) == []
 
 
@@ -202,7 +212,11 @@ def add_evaluator(trainer, it, model):
     lines = [line.strip() for line in (result.output or "").splitlines()]
     at = lines.index("add_evaluator(trainer, test_iter, model)")
     assert lines[at + 1] == "mn.distribute_extensions(trainer, comm)"
-    assert "def add_evaluator(trainer, it, model):" in lines
+    # the helper keeps its signature and its body
+    assert_has_statement(
+        result.output or "",
+        "def add_evaluator(trainer, it, model):\n    trainer.extend(MapEvaluator(it, model))",
+    )
     ((severity, message),) = [e for e in evaluator_entries(result) if "add_evaluator" in e[1]]
     assert severity == "changed"
     assert [e for e in result.entries if e.severity == "needs-person"] == []
@@ -219,7 +233,7 @@ def add_evaluator(trainer, it, model):
         "add_evaluator(trainer, test_iter, model)\n",
     )
     result = convert(source, target="chainermn")
-    assert "distribute_extensions" not in (result.output or "")
+    assert_no_name(result.output or "", "distribute_extensions")
     ((severity, message),) = [e for e in evaluator_entries(result) if "cannot be passed" in e[1]]
     assert severity == "needs-person"
     assert "chainermn.create_multi_node_evaluator(..., comm)" in message
@@ -236,10 +250,17 @@ def test_chainermn_target_leaves_whole_set_evaluators_unwrapped_and_says_so() ->
     result = convert(source, target="chainermn")
     lines = extend_lines(result.output or "")
     assert lines[0] == "trainer.extend(MapEvaluator(test_iter, model))"
-    assert "gather" not in (result.output or "")
-    assert lines[1].startswith("trainer.extend(chainermn.create_multi_node_evaluator(")
+    assert_no_keyword(result.output or "", "gather")
+    assert_has_statement(
+        result.output or "",
+        "trainer.extend(chainermn.create_multi_node_evaluator("
+        "extensions.Evaluator(test_iter, model), comm), name='plain')",
+        within="main",
+    )
     (whole,) = [e for e in evaluator_entries(result) if "MapEvaluator" in e[1]]
-    scattered = "test = chainermn.scatter_dataset(test, comm)" in (result.output or "")
+    scattered = bool(
+        find_statements(result.output or "", "test = chainermn.scatter_dataset(test, comm)")
+    )
     # the report says what the output does: a scattered test set needs a person
     if scattered:
         assert whole[0] == "needs-person" and "is scattered" in whole[1]
@@ -274,7 +295,7 @@ def test_an_averaged_whole_set_evaluator_is_made_to_gather() -> None:
     assert convert(distributed).output == distributed  # left alone by default
     chainermn = distributed.replace("from mnify import runtime as mn", "import chainermn as mn")
     result = convert(chainermn, leave_distributed=False)
-    assert "gather" not in (result.output or "")
+    assert_no_keyword(result.output or "", "gather")
     (entry,) = [e for e in evaluator_entries(result) if e[0] == "needs-person"]
     assert "GenericMultiNodeEvaluator" in entry[1]
 
@@ -341,7 +362,7 @@ def test_converted_detection_reports_the_whole_test_set_map(ranks: int, tmp_path
     case = BY_NAME["detection_map"]
     outputs = _converted(case)
     (text,) = outputs.values()
-    assert "comm, gather=True)" in text
+    assert_has_expression(text, "mn.create_multi_node_evaluator(..., comm, gather=True)")
     n, batch = 36, 4
     args = ["--synthetic", str(n), "--batchsize", str(batch), "--epoch", "1", "--out", "result"]
     run = _run_on_ranks(ranks, _install(case, outputs, tmp_path / "code"), args, tmp_path)
@@ -400,18 +421,22 @@ def test_fixtures_are_converted_as_the_pattern_says() -> None:
         {"detection_map.in.py": (FIXTURES / "detection_map.in.py").read_text()}
     )[0]
     assert detection.error is None
-    assert (
-        "DetectionMAPEvaluator(test_iter, detector, label_names=LABEL_NAMES),\n            comm, gather=True)"
-        in (detection.output or "")
+    assert_has_expression(
+        detection.output or "",
+        "mn.create_multi_node_evaluator("
+        "DetectionMAPEvaluator(test_iter, detector, label_names=LABEL_NAMES), comm, gather=True)",
     )
     no_reset = BY_NAME["eval_iterator_no_reset"]
     (text,) = _converted(no_reset).values()
-    assert "mn.create_multi_node_evaluator(extensions.Evaluator(test_iter, model), comm)" in text
+    assert_has_expression(
+        text, "mn.create_multi_node_evaluator(extensions.Evaluator(test_iter, model), comm)"
+    )
     options = dataclasses.replace(no_reset.options, target="chainermn")
     chainermn = convert_sources(
         {"detection_map.in.py": (FIXTURES / "detection_map.in.py").read_text()}, options
     )[0]
-    assert chainermn.error is None and "gather" not in (chainermn.output or "")
+    assert chainermn.error is None
+    assert_no_keyword(chainermn.output or "", "gather")
 
 
 INLINE_EVALUATOR = textwrap.dedent(

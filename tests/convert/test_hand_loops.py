@@ -7,7 +7,7 @@ import ast
 import textwrap
 
 from mnify.rewrites import convert_source
-from mnify.rewrites.driver import FileResult
+from tests.convert.converting import convert
 
 HEAD = textwrap.dedent(
     """\
@@ -25,11 +25,9 @@ HEAD = textwrap.dedent(
 )
 
 
-def _convert(body: str) -> FileResult:
-    result = convert_source(HEAD + textwrap.dedent(body), "train.py")
-    assert result.error is None, result.error
-    assert result.output is not None
-    return result
+def script(body: str) -> str:
+    """A script: the argparse head, then ``body`` (dedented)."""
+    return HEAD + textwrap.dedent(body)
 
 
 def _scattered(output: str) -> list[str]:
@@ -76,7 +74,7 @@ for epoch in range(2):
 
 
 def test_permutation_loop_scatters_the_training_arrays_and_recounts_n() -> None:
-    result = _convert(PERMUTATION)
+    result = convert(script(PERMUTATION))
     assert _scattered(result.output or "") == ["x_train", "y_train"]  # never the test arrays
     stmts = _module_statements(result.output or "")
     split = stmts.index("y_train = mn.scatter_dataset(y_train, comm, shuffle=True, seed=0)")
@@ -90,8 +88,8 @@ def test_permutation_loop_scatters_the_training_arrays_and_recounts_n() -> None:
 
 
 def test_literal_count_of_a_tutorial_loop_becomes_the_share_length() -> None:
-    result = _convert(
-        """\
+    result = convert(
+        script("""\
         x_data = np.random.rand(600, 2).astype(np.float32)
         t_data = (x_data[:, 0] > 0.5).astype(np.int32)
         model = L.Classifier(L.Linear(2, 2))
@@ -104,7 +102,7 @@ def test_literal_count_of_a_tutorial_loop_becomes_the_share_length() -> None:
                 loss = model(x_data[perm[i:i + 50]], t_data[perm[i:i + 50]])
                 loss.backward()
                 optimizer.update()
-        """
+        """)
     )
     output = result.output or ""
     assert _scattered(output) == ["x_data", "t_data"]
@@ -115,8 +113,8 @@ def test_literal_count_of_a_tutorial_loop_becomes_the_share_length() -> None:
 
 
 def test_generator_arguments_are_scattered_where_the_loop_is() -> None:
-    result = _convert(
-        """\
+    result = convert(
+        script("""\
         def batches(inputs, targets, size):
             order = np.random.permutation(len(inputs))
             for k in range(0, len(inputs), size):
@@ -138,14 +136,14 @@ def test_generator_arguments_are_scattered_where_the_loop_is() -> None:
 
 
         main()
-        """
+        """)
     )
     assert _scattered(result.output or "") == ["X", "Y"]
 
 
 def test_trainer_class_data_is_scattered_where_the_class_is_built() -> None:
-    result = _convert(
-        """\
+    result = convert(
+        script("""\
         class Fitter:
             def __init__(self, model, opt, x, y, n_batches):
                 self.model, self.opt = model, opt
@@ -173,7 +171,7 @@ def test_trainer_class_data_is_scattered_where_the_class_is_built() -> None:
 
 
         main()
-        """
+        """)
     )
     assert sorted(_scattered(result.output or "")) == ["x_train", "y_train"]
     said = [e.message for e in result.entries if e.step == "hand-loop" and e.severity == "changed"]
@@ -181,8 +179,8 @@ def test_trainer_class_data_is_scattered_where_the_class_is_built() -> None:
 
 
 def test_loop_without_a_data_source_needs_a_person_with_its_line() -> None:
-    result = _convert(
-        """\
+    result = convert(
+        script("""\
         def next_batch():
             return np.random.rand(8, 3).astype(np.float32), np.zeros(8, np.int32)
 
@@ -193,7 +191,7 @@ def test_loop_without_a_data_source_needs_a_person_with_its_line() -> None:
         for step in range(100):
             x, t = next_batch()
             optimizer.update(model, x, t)
-        """
+        """)
     )
     needs = [e for e in result.entries if e.step == "hand-loop" and e.severity == "needs-person"]
     assert len(needs) == 1
@@ -202,21 +200,21 @@ def test_loop_without_a_data_source_needs_a_person_with_its_line() -> None:
 
 
 def test_dict_update_in_a_loop_is_no_training_step() -> None:
-    result = _convert(
-        """\
+    result = convert(
+        script("""\
         stats = {}
         for k in range(3):
             stats.update({k: k * 2})
         model = L.Classifier(L.Linear(3, 2))
         optimizer = chainer.optimizers.SGD()
         optimizer.setup(model)
-        """
+        """)
     )
     assert not [e for e in result.entries if e.step == "hand-loop"]
 
 
 def test_converted_output_is_a_fixed_point() -> None:
-    first = _convert(PERMUTATION).output or ""
+    first = convert(script(PERMUTATION)).output or ""
     again = convert_source(first, "train.py")
     assert again.output == first
 

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from typing import Any
 
 from mnify.rewrites import convert_source, convert_sources
 from mnify.rewrites.options import ConvertOptions
+from tests.convert.ast_checks import (
+    assert_has_statement,
+    assert_no_statement,
+    index_of,
+    is_statement,
+)
 
 HEAD = textwrap.dedent(
     """\
@@ -20,10 +27,15 @@ HEAD = textwrap.dedent(
 )
 
 
-def _main(text: str) -> list[str]:
+def _main(text: str) -> list[ast.stmt]:
+    """The statements of main()'s own block."""
     tree = ast.parse(text)
     main = next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "main")
-    return [ast.unparse(s) for s in main.body]
+    return main.body
+
+
+# main()'s own statements, not those of blocks nested in it
+MAIN_BLOCK: dict[str, Any] = {"within": "main", "top_level": True}
 
 
 def _entries(results, severity: str, step: str) -> list:
@@ -72,11 +84,13 @@ def test_training_inside_a_helper_that_keeps_its_optimizer_is_distributed_at_run
     assert all(r.error is None for r in results)
     assert not results[1].changed, "the helper has nothing rank 0 alone must do"
     assert results[0].output is not None
-    main = _main(results[0].output)
-    creation = next(i for i, s in enumerate(main) if s.startswith("comm = mn.create_communicator("))
-    assert main[creation + 1] == "mn.distribute_trainers(comm)"
-    assert "if comm.rank == 0:\n    print('training')" in main
-    assert "run_train(L.Classifier(L.Linear(None, 10)), train)" in main  # on every rank
+    text = results[0].output
+    main = _main(text)
+    creation = index_of(main, "comm = mn.create_communicator(...)")
+    assert is_statement(main[creation + 1], "mn.distribute_trainers(comm)")
+    assert_has_statement(text, "if comm.rank == 0:\n    print('training')", **MAIN_BLOCK)
+    # on every rank
+    assert_has_statement(text, "run_train(L.Classifier(L.Linear(None, 10)), train)", **MAIN_BLOCK)
     said = _entries(results, "changed", "trainers")
     assert [(e.path, e.code) for e in said] == [("p/train.py", "MN813")]
     assert "lib.py:" in said[0].message and "Trainer" in said[0].message
@@ -118,9 +132,13 @@ def test_training_in_a_library_outside_the_converted_files_is_distributed_at_run
     result = convert_source(train, "train.py")
     assert result.error is None and result.output is not None
     main = _main(result.output)
-    creation = next(i for i, s in enumerate(main) if s.startswith("comm = mn.create_communicator("))
-    assert main[creation + 1] == "mn.distribute_trainers(comm)"
-    assert "if comm.rank == 0:\n    chainer.serializers.save_npz('model.npz', model)" in main
+    creation = index_of(main, "comm = mn.create_communicator(...)")
+    assert is_statement(main[creation + 1], "mn.distribute_trainers(comm)")
+    assert_has_statement(
+        result.output,
+        "if comm.rank == 0:\n    chainer.serializers.save_npz('model.npz', model)",
+        **MAIN_BLOCK,
+    )
     steps = sorted((e.severity, e.code) for e in result.entries if e.step == "trainers")
     assert steps == [("changed", "MN813"), ("needs-person", "MN813"), ("needs-person", "MN813")]
     assert any("cache" in e.message for e in result.entries if e.step == "trainers")
@@ -219,12 +237,20 @@ def test_a_training_helper_of_the_script_fetches_the_communicator_and_keeps_its_
         s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "train_one_fold"
     )
     assert [a.arg for a in helper.args.args] == ["fold", "train", "valid", "args"]
-    body = [ast.unparse(s) for s in helper.body]
-    assert body[1] == "comm = mn.current_communicator()"  # after the docstring
-    assert "optimizer = mn.create_multi_node_optimizer(chainer.optimizers.Adam(), comm)" in body
-    assert "train = mn.scatter_dataset(train, comm, shuffle=True)" in body
-    assert "if comm.rank == 0:\n    trainer.extend(extensions.LogReport())" in body
-    assert any(line.startswith("comm = mn.create_communicator(") for line in _main(result.output))
+    assert is_statement(helper.body[1], "comm = mn.current_communicator()")  # after the docstring
+    fold = {"within": "train_one_fold", "top_level": True}
+    assert_has_statement(
+        result.output,
+        "optimizer = mn.create_multi_node_optimizer(chainer.optimizers.Adam(), comm)",
+        **fold,
+    )
+    assert_has_statement(
+        result.output, "train = mn.scatter_dataset(train, comm, shuffle=True)", **fold
+    )
+    assert_has_statement(
+        result.output, "if comm.rank == 0:\n    trainer.extend(extensions.LogReport())", **fold
+    )
+    assert_has_statement(result.output, "comm = mn.create_communicator(...)", **MAIN_BLOCK)
 
     kept = convert_source(source, "train.py", ConvertOptions(target="chainermn"))
     assert kept.error is None and not kept.changed
@@ -280,11 +306,15 @@ def test_models_and_optimizers_built_by_name_are_converted_where_bound() -> None
     assert [r.error for r in results] == [None, None]
     by_path = {r.path: r for r in results}
     assert not by_path["p/models.py"].changed  # the class keeps its signature and its BN
-    body = _main(by_path["p/train.py"].output or "")
-    assert "predictor = mn.links.create_mnbn_model(predictor, comm)" in body
-    assert (
-        "optimizer = mn.create_multi_node_optimizer(build(config['optimizer'], chainer.optimizers), comm)"
-        in body
+    text = by_path["p/train.py"].output or ""
+    assert_has_statement(
+        text, "predictor = mn.links.create_mnbn_model(predictor, comm)", **MAIN_BLOCK
+    )
+    assert_has_statement(
+        text,
+        "optimizer = mn.create_multi_node_optimizer("
+        "build(config['optimizer'], chainer.optimizers), comm)",
+        **MAIN_BLOCK,
     )
 
 
@@ -308,8 +338,10 @@ def test_a_user_iterator_gets_a_contiguous_shard() -> None:
     )
     result = convert_source(source)
     assert result.error is None
-    body = _main(result.output or "")
-    assert "corpus = mn.scatter_dataset(corpus, comm)" in body  # no shuffle: contiguous
+    # no shuffle: contiguous
+    assert_has_statement(
+        result.output or "", "corpus = mn.scatter_dataset(corpus, comm)", **MAIN_BLOCK
+    )
 
 
 def test_loading_in_an_if_elif_chain_runs_on_rank_0_but_the_rest_everywhere() -> None:
@@ -340,12 +372,17 @@ def test_loading_in_an_if_elif_chain_runs_on_rank_0_but_the_rest_everywhere() ->
     main = next(s for s in tree.body if isinstance(s, ast.FunctionDef))
     chain = next(s for s in main.body if isinstance(s, ast.If) and "dataset" in ast.unparse(s.test))
     for branch in (chain.body, chain.orelse):
-        kinds = [ast.unparse(s).split("\n")[0] for s in branch]
-        assert kinds[0].startswith("class_labels = ")  # still on every rank
-        assert kinds[1] == "if comm.rank == 0:"
-        guard = branch[1]
-        assert isinstance(guard, ast.If)
-        assert ast.unparse(guard.orelse[0]) == "train, test = (None, None)"
+        assert is_statement(branch[0], "class_labels = ...")  # still on every rank
+        assert is_statement(
+            branch[1],
+            """\
+            if comm.rank == 0:
+                ...
+            else:
+                train, test = None, None
+                ...
+            """,
+        )
 
 
 def test_a_post_training_tail_reading_the_test_set_runs_on_rank_0_with_all_of_it() -> None:
@@ -368,13 +405,14 @@ def test_a_post_training_tail_reading_the_test_set_runs_on_rank_0_with_all_of_it
     )
     result = convert_source(source)
     assert result.error is None
-    body = _main(result.output or "")
-    assert (
-        "test_it = chainer.iterators.SerialIterator(mn.scatter_dataset(test, comm), 8, repeat=False)"
-        in body
+    text = result.output or ""
+    assert_has_statement(
+        text,
+        "test_it = chainer.iterators.SerialIterator(mn.scatter_dataset(test, comm), 8, repeat=False)",
+        **MAIN_BLOCK,
     )
-    assert not any(line.startswith("test = mn.scatter_dataset") for line in body)
-    assert body[-1].startswith("if comm.rank == 0:\n    x, t = test[0]")
+    assert_no_statement(text, "test = mn.scatter_dataset(...)", **MAIN_BLOCK)
+    assert is_statement(_main(text)[-1], "if comm.rank == 0:\n    x, t = test[0]\n    ...")
 
 
 def test_a_test_set_loaded_after_the_training_iterator_is_scattered_after_its_loading() -> None:
@@ -396,12 +434,13 @@ def test_a_test_set_loaded_after_the_training_iterator_is_scattered_after_its_lo
     )
     result = convert_source(source)
     assert result.error is None, result.error
-    body = _main(result.output or "")
+    main = _main(result.output or "")
     # a TransformDataset is built on every rank and sliced by index: nothing pickled
     sliced = "train = chainer.datasets.SubDataset(train, *mn.scatter_index(len(train), comm))"
-    assert body.index(sliced) < body.index(
-        "train_iter = chainer.iterators.SerialIterator(train, 8)"
+    assert index_of(main, sliced) < index_of(
+        main, "train_iter = chainer.iterators.SerialIterator(train, 8)"
     )
-    loading = next(i for i, line in enumerate(body) if "get_mnist()[1]" in line)
-    assert body[loading].startswith("if comm.rank == 0:")
-    assert body[loading + 1] == "test = mn.scatter_dataset(test, comm)"
+    loading = index_of(
+        main, "if comm.rank == 0:\n    test = chainer.datasets.get_mnist()[1]\nelse:\n    ..."
+    )
+    assert is_statement(main[loading + 1], "test = mn.scatter_dataset(test, comm)")

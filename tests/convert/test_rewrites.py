@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import ast
-import textwrap
 from pathlib import Path
 
 from mnify.rewrites import ConvertOptions, convert_source, convert_sources
 from mnify.rewrites.driver import FileResult
-
-
-def conv(source: str, **options: str) -> FileResult:
-    result = convert_source(textwrap.dedent(source), "train.py", ConvertOptions(**options))  # type: ignore[arg-type]
-    assert result.error is None, result.error
-    return result
-
-
-def out(source: str, **options: str) -> str:
-    text = conv(source, **options).output
-    assert text is not None
-    return text
+from tests.convert.ast_checks import (
+    assert_has_expression,
+    assert_has_statement,
+    assert_no_name,
+)
+from tests.convert.converting import convert
 
 
 def people(result: FileResult) -> list[str]:
@@ -36,7 +29,7 @@ from chainer import cuda
 
 
 def test_literal_gpu_ids_become_intra_rank() -> None:
-    text = out(
+    result = convert(
         HEAD
         + """\
 def main():
@@ -46,13 +39,14 @@ def main():
     opt = chainer.optimizers.SGD()
 """
     )
-    assert "cuda.get_device_from_id(comm.intra_rank).use()" in text
-    assert "model.to_gpu(comm.intra_rank)" in text
-    assert "comm = mn.create_communicator('pure_nccl')" in text  # GPU-only script
+    text = result.output or ""
+    assert_has_statement(text, "cuda.get_device_from_id(comm.intra_rank).use()", within="main")
+    assert_has_statement(text, "model.to_gpu(comm.intra_rank)", within="main")
+    assert_has_statement(text, "comm = mn.create_communicator('pure_nccl')")  # GPU-only script
 
 
 def test_bare_to_gpu_without_a_current_device_gets_the_ranks_gpu() -> None:
-    text = out(
+    result = convert(
         HEAD
         + """\
 def main():
@@ -61,11 +55,12 @@ def main():
     opt = chainer.optimizers.SGD()
 """
     )
-    assert "model.to_gpu(comm.intra_rank)" in text
+    text = result.output or ""
+    assert_has_statement(text, "model.to_gpu(comm.intra_rank)", within="main")
 
 
 def test_unknown_device_idiom_is_reported_not_guessed() -> None:
-    result = conv(
+    result = convert(
         HEAD
         + """\
 def main():
@@ -74,12 +69,12 @@ def main():
     opt = chainer.optimizers.SGD()
 """
     )
-    assert "model.to_gpu(pick_free_gpu())" in (result.output or "")
+    assert_has_statement(result.output or "", "model.to_gpu(pick_free_gpu())", within="main")
     assert any("device idiom not understood" in m for m in people(result))
 
 
 def test_cpu_only_script_gets_the_cpu_communicator() -> None:
-    text = out(
+    result = convert(
         HEAD
         + """\
 def main():
@@ -87,11 +82,12 @@ def main():
     opt = chainer.optimizers.SGD()
 """
     )
-    assert "comm = mn.create_communicator('flat')" in text
+    text = result.output or ""
+    assert_has_statement(text, "comm = mn.create_communicator('flat')", within="main")
 
 
 def test_store_true_gpu_flag_chooses_at_run_time() -> None:
-    text = out(
+    result = convert(
         HEAD
         + """\
 def main():
@@ -101,11 +97,14 @@ def main():
     opt = chainer.optimizers.SGD()
 """
     )
-    assert "mn.create_communicator('pure_nccl' if args.gpu else 'flat')" in text
+    text = result.output or ""
+    assert_has_statement(
+        text, "comm = mn.create_communicator('pure_nccl' if args.gpu else 'flat')", within="main"
+    )
 
 
 def test_optimizer_built_in_a_method_is_reported() -> None:
-    result = conv(
+    result = convert(
         HEAD
         + """\
 class Maker:
@@ -119,12 +118,13 @@ def main():
     opt = Maker().build()
 """
     )
-    assert "chainer.optimizers.Adam()" in (result.output or "")
+    assert_has_statement(result.output or "", "return chainer.optimizers.Adam()", within="build")
+    assert_has_statement(result.output or "", "opt = Maker().build()", within="main")
     assert any("wrap it with mn.create_multi_node_optimizer" in m for m in people(result))
 
 
 def test_noqa_keeps_one_step_off_a_line() -> None:
-    text = out(
+    result = convert(
         HEAD
         + """\
 def main():
@@ -132,12 +132,16 @@ def main():
     other = chainer.optimizers.Adam()
 """
     )
-    assert "opt = chainer.optimizers.SGD()  # noqa: MN803" in text
-    assert "other = mn.create_multi_node_optimizer(chainer.optimizers.Adam(), comm)" in text
+    text = result.output or ""
+    (kept,) = assert_has_statement(text, "opt = chainer.optimizers.SGD()", within="main")
+    assert text.splitlines()[kept.lineno - 1].endswith("  # noqa: MN803")
+    assert_has_statement(
+        text, "other = mn.create_multi_node_optimizer(chainer.optimizers.Adam(), comm)"
+    )
 
 
 def test_library_model_with_batchnorm_is_wrapped_at_construction() -> None:
-    text = out(
+    result = convert(
         HEAD
         + """\
 def main():
@@ -145,9 +149,14 @@ def main():
     opt = chainer.optimizers.SGD()
 """
     )
-    assert (
-        "model = L.Classifier(L.ResNet50Layers(None))\n    model = mn.links.create_mnbn_model(model, comm)"
-        in text
+    text = result.output or ""
+    assert_has_statement(
+        text,
+        """\
+        model = L.Classifier(L.ResNet50Layers(None))
+        model = mn.links.create_mnbn_model(model, comm)
+        """,
+        within="main",
     )
 
 
@@ -158,11 +167,15 @@ def test_model_from_an_unconverted_sibling_uses_create_mnbn_model(tmp_path: Path
     train = tmp_path / "train.py"
     source = "import chainer\nfrom net import Net\n\ndef main():\n    model = Net()\n    opt = chainer.optimizers.SGD()\n"
     result = convert_sources({str(train): source})[0]
-    assert "    model = mn.links.create_mnbn_model(model, comm)\n" in (result.output or "")
+    assert_has_statement(
+        result.output or "",
+        "model = Net()\nmodel = mn.links.create_mnbn_model(model, comm)",
+        within="main",
+    )
 
 
 def test_fork_hazards_are_reported() -> None:
-    result = conv(
+    result = convert(
         HEAD
         + """\
 import subprocess
@@ -179,7 +192,7 @@ def main():
 
 
 def test_module_level_script_without_argparse() -> None:
-    text = out(
+    result = convert(
         """\
         import chainer
         model = chainer.links.Linear(3, 2)
@@ -188,10 +201,13 @@ def test_module_level_script_without_argparse() -> None:
         print('ready')
         """
     )
-    assert text.startswith(
-        "import chainer\nfrom mnify import runtime as mn\ncomm = mn.create_communicator('flat')\n"
-    )
-    assert "if comm.rank == 0:\n    print('ready')" in text
+    text = result.output or ""
+    assert [ast.unparse(s) for s in ast.parse(text).body[:3]] == [
+        "import chainer",
+        "from mnify import runtime as mn",
+        "comm = mn.create_communicator('flat')",
+    ]
+    assert_has_statement(text, "if comm.rank == 0:\n    print('ready')")
 
 
 def test_unparsable_source_reports_line_and_column() -> None:
@@ -227,7 +243,7 @@ def main():
     opt = setup(model)
 """
     )
-    text = out(source)
+    text = convert(source).output or ""
     tree = ast.parse(text)
     helpers = {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef)}
     original = {s.name: s for s in ast.parse(source).body if isinstance(s, ast.FunctionDef)}
@@ -238,7 +254,7 @@ def main():
 
 
 def test_namespace_passed_straight_to_main() -> None:
-    text = out(
+    result = convert(
         HEAD
         + """\
 def main(opts):
@@ -255,12 +271,20 @@ if __name__ == '__main__':
     main(parser.parse_args())
 """
     )
-    assert (
-        '    """Train."""\n'
-        "    comm = mn.create_communicator('pure_nccl' if opts.gpu >= 0 else 'flat')\n"
-        "    if opts.gpu >= 0:\n"
-    ) in text
-    assert "        opts.gpu = comm.intra_rank\n" in text
+    text = result.output or ""
+    main = _main_of(text)
+    assert ast.get_docstring(main) == "Train."
+    creation = assert_has_statement(
+        text,
+        """\
+        comm = mn.create_communicator('pure_nccl' if opts.gpu >= 0 else 'flat')
+        if opts.gpu >= 0:
+            opts.gpu = comm.intra_rank
+            ...
+        """,
+        within="main",
+    )
+    assert creation[0].lineno == main.body[1].lineno  # right after the docstring
 
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "convert"
@@ -271,9 +295,26 @@ def test_strong_scaling_divides_the_training_batch_once() -> None:
     options = ConvertOptions(scaling="strong")
     first = convert_source(source, "mnist.py", options)
     text = first.output or ""
-    assert "SerialIterator(train, args.batchsize // comm.size)" in text
-    assert "if args.batchsize % comm.size != 0:\n        raise ValueError(" in text
-    assert "SerialIterator(test, args.batchsize,\n" in text  # evaluation batch untouched
+    assert_has_statement(
+        text,
+        """\
+        if args.batchsize % comm.size != 0:
+            raise ValueError(...)
+        """,
+        within="main",
+    )
+    assert_has_statement(
+        text,
+        "train_iter = chainer.iterators.SerialIterator(train, args.batchsize // comm.size)",
+        within="main",
+    )
+    # the evaluation batch is untouched
+    assert_has_statement(
+        text,
+        "test_iter = chainer.iterators.SerialIterator("
+        "test, args.batchsize, repeat=False, shuffle=False)",
+        within="main",
+    )
     again = convert_source(text, "mnist.py", options)
     assert again.output == text
 
@@ -293,7 +334,7 @@ def test_model_parallel_report_says_why_each_conv_was_or_was_not_split() -> None
     notes = [e.message for e in result.entries if e.step == "model-parallel"]
     assert any("1 output channel cannot be divided" in m for m in notes)
     assert any("left unwrapped" in m for m in notes)  # the optimizer
-    assert "scatter_dataset" not in (result.output or "")
+    assert_no_name(result.output or "", "scatter_dataset")
 
 
 def test_model_parallel_with_chainermn_target_leaves_convs_for_a_person() -> None:
@@ -301,8 +342,10 @@ def test_model_parallel_with_chainermn_target_leaves_convs_for_a_person() -> Non
     result = convert_source(
         source, "cnn.py", ConvertOptions(model_parallel="channel", target="chainermn")
     )
-    assert "ParallelConvolution2D" not in (result.output or "")
-    assert "chainermn.iterators.create_multi_node_iterator(" in (result.output or "")
+    assert_no_name(result.output or "", "ParallelConvolution2D")
+    assert_has_expression(
+        result.output or "", "chainermn.iterators.create_multi_node_iterator(...)"
+    )
     assert sum("ChainerMN has no ParallelConvolution2D" in m for m in people(result)) == 3
 
 
@@ -332,7 +375,7 @@ def main():
     opt = chainer.optimizers.SGD()
 """
     )
-    text = out(source)
+    text = convert(source).output or ""
     classes = [s for s in ast.parse(text).body if isinstance(s, ast.ClassDef)]
     before = [s for s in ast.parse(source).body if isinstance(s, ast.ClassDef)]
     assert [ast.dump(c) for c in classes] == [ast.dump(c) for c in before]  # untouched
@@ -370,7 +413,8 @@ def test_a_rewrite_bug_costs_one_file_not_the_run(monkeypatch) -> None:  # type:
     src = "import chainer\n\ndef main():\n    opt = chainer.optimizers.SGD()\n"
     a, b = convert_sources({"a.py": src, "b.py": src})
     assert a.output is None and a.error is not None and "boom" in a.error
-    assert b.error is None and "create_multi_node_optimizer" in (b.output or "")
+    assert b.error is None
+    assert_has_expression(b.output or "", "mn.create_multi_node_optimizer(...)")
 
 
 def test_tab_indented_script_keeps_tabs() -> None:
@@ -382,11 +426,24 @@ def test_tab_indented_script_keeps_tabs() -> None:
     compile(tabbed, "tabbed.py", "exec")
     text = convert_source(tabbed, "tabbed.py", ConvertOptions(scaling="strong")).output or ""
     compile(text, "tabbed.py", "exec")
-    assert "\tif comm.rank == 0:\n\t\ttrain, test = load_data(args.synthetic)\n" in text
+    (guard,) = assert_has_statement(
+        text,
+        """\
+        if comm.rank == 0:
+            train, test = load_data(args.synthetic)
+        else:
+            train, test = None, None
+        """,
+        within="main",
+    )
+    assert isinstance(guard, ast.If)
+    lines = text.splitlines()
+    assert lines[guard.lineno - 1] == "\tif comm.rank == 0:"  # the inserted guard is tab-indented
+    assert lines[guard.body[0].lineno - 1].startswith("\t\ttrain, test = ")
 
 
 def test_chainer7_device_flag_with_deprecated_gpu_alias() -> None:
-    text = out(
+    result = convert(
         HEAD
         + """\
 def main():
@@ -401,13 +458,19 @@ def main():
     opt = chainer.optimizers.SGD()
 """
     )
-    assert "isinstance(chainer.get_device(args.device), chainer.backend.GpuDevice)" in text
-    assert "args.device = '@cupy:%d' % comm.intra_rank" in text
-    assert "model.to_device(device)" in text  # follows args.device: left as written
+    text = result.output or ""
+    assert_has_expression(
+        text,
+        "isinstance(chainer.get_device(args.device), chainer.backend.GpuDevice)",
+        within="main",
+    )
+    assert_has_statement(text, "args.device = '@cupy:%d' % comm.intra_rank", within="main")
+    # follows args.device: left as written
+    assert_has_statement(text, "model.to_device(device)", within="main")
 
 
 def test_single_node_multi_gpu_updater_needs_a_person() -> None:
-    result = conv(
+    result = convert(
         HEAD
         + """\
 from chainer import training
