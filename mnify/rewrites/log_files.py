@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint.rules.extensions import LOG_BASIC_CONFIG, LOG_FILE_HANDLERS
+from mnify.hazards.mn403_log_file_on_every_rank import LOG_BASIC_CONFIG, LOG_FILE_HANDLERS
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
 from mnify.rewrites.registry import rewrite
