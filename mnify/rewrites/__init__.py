@@ -6,20 +6,25 @@ rewrite plan its edits against those facts (``communicator``, ``device``, ``opti
 ``model_parallel``, ``imports``), thread ``comm`` through helpers and model classes across files
 (``context``), apply all edits in one pass (``edits``), re-parse the output, and report
 (``report``; line numbers from ``lines``, names matched by ``chainer_names``, flags in
-``options``).
+``options``). A hazard that owns its fix (mnify/hazards/) registers it here too.
+
+The names below are resolved on first use (``mnify._lazy``): a hazard module imports rewrite
+helpers (``mnify.rewrites.context``) while the driver imports lint, which imports every hazard,
+so importing a submodule must not import the driver.
 """
 
 from __future__ import annotations
 
-from mnify.rewrites.driver import FileResult, convert_source, convert_sources
-from mnify.rewrites.options import ConvertOptions
-from mnify.rewrites.report import Report, ReportEntry
+from mnify._lazy import lazy_exports
 
-__all__ = [
-    "ConvertOptions",
-    "FileResult",
-    "Report",
-    "ReportEntry",
-    "convert_source",
-    "convert_sources",
-]
+# public name -> module (relative to this package) that defines it
+_NAMES: dict[str, str] = {
+    "ConvertOptions": "options",
+    "FileResult": "driver",
+    "Report": "report",
+    "ReportEntry": "report",
+    "convert_source": "driver",
+    "convert_sources": "driver",
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _NAMES)

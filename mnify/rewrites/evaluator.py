@@ -37,8 +37,8 @@ from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
 from mnify.rewrites.facts import CallFact
-from mnify.rewrites.optimizer import wrap_call
 from mnify.rewrites.registry import rewrite
+from mnify.rewrites.wrapping import wrap_call
 
 
 def _check_early_stopping(ctx: FileContext) -> None:

@@ -9,7 +9,8 @@ codes of their own (MN8xx); the MN80x codes each step had before the registry st
 ``# noqa``.
 
 Adding a rewrite is one module that calls :func:`rewrite` (it is found by
-:func:`load_rewrites`) and one fixture pair.
+:func:`load_rewrites`) and one fixture pair; a rewrite that fixes one hazard lives in that
+hazard's module (mnify/hazards/).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class Rewrite:
     fixes: tuple[str, ...]  # lint rules this rewrite fixes (empty: a converter-only step)
     own_code: str  # the MN8xx code of the step (converter-only steps report under it)
     plan: PlanFn
+    # docs/converter.md's section for the step; None: the docstring of the module registering
+    # it (a hazard module that owns its fix documents the hazard in its own docstring)
+    doc: str | None = None
 
     @property
     def code(self) -> str:
@@ -56,25 +60,28 @@ _OTHER_STEPS: dict[str, tuple[str, ...]] = {
 
 
 def rewrite(
-    step: str, *, order: int, fixes: tuple[str, ...] = (), code: str
+    step: str, *, order: int, fixes: tuple[str, ...] = (), code: str, doc: str | None = None
 ) -> Callable[[PlanFn], PlanFn]:
     """Register the decorated ``plan(ctx)`` as the rewrite ``step``."""
 
     def register(plan: PlanFn) -> PlanFn:
         if step in _REWRITES and _REWRITES[step].plan is not plan:
             raise ValueError(f"rewrite step {step!r} registered twice")
-        _REWRITES[step] = Rewrite(step, order, fixes, code, plan)
+        _REWRITES[step] = Rewrite(step, order, fixes, code, plan, doc)
         return plan
 
     return register
 
 
 def load_rewrites() -> list[Rewrite]:
-    """Every registered rewrite, in planning order (imports the package's modules once)."""
-    import mnify.rewrites as package
+    """Every registered rewrite, in planning order (imports the modules of this package and of
+    mnify/hazards/, where a hazard may own its fix, once)."""
+    import mnify.hazards
+    import mnify.rewrites
 
-    for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{info.name}")
+    for package in (mnify.rewrites, mnify.hazards):
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{info.name}")
     return sorted(_REWRITES.values(), key=lambda r: (r.order, r.step))
 
 
