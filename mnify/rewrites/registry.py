@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mnify.rewrites.step_codes import StepCodes, enter_step
+
 if TYPE_CHECKING:
     from mnify.rewrites.context import FileContext
 
@@ -41,22 +43,15 @@ class Rewrite:
     @property
     def code(self) -> str:
         """The code the step's report entries carry: its first lint rule, else its own."""
-        return self.fixes[0] if self.fixes else self.own_code
+        return StepCodes(self.fixes, self.own_code).code
 
     @property
     def codes(self) -> frozenset[str]:
         """Every code that names this step in ``# noqa`` and ``--select``."""
-        return frozenset({*self.fixes, self.own_code})
+        return StepCodes(self.fixes, self.own_code).codes
 
 
 _REWRITES: dict[str, Rewrite] = {}
-# Steps that are not planning functions but still have codes (emitted late, or project-wide).
-_OTHER_STEPS: dict[str, tuple[str, ...]] = {
-    "threading": ("MN811",),
-    "trainers": ("MN813",),
-    "lint": (),
-    "distributed": (),
-}
 
 
 def rewrite(
@@ -68,6 +63,7 @@ def rewrite(
         if step in _REWRITES and _REWRITES[step].plan is not plan:
             raise ValueError(f"rewrite step {step!r} registered twice")
         _REWRITES[step] = Rewrite(step, order, fixes, code, plan, doc)
+        enter_step(step, StepCodes(fixes, code))
         return plan
 
     return register
@@ -83,23 +79,6 @@ def load_rewrites() -> list[Rewrite]:
         for info in pkgutil.iter_modules(package.__path__):
             importlib.import_module(f"{package.__name__}.{info.name}")
     return sorted(_REWRITES.values(), key=lambda r: (r.order, r.step))
-
-
-def step_codes(step: str) -> frozenset[str]:
-    """The codes that name ``step`` (for ``# noqa``); empty for an unknown step."""
-    found = _REWRITES.get(step)
-    if found is not None:
-        return found.codes
-    return frozenset(_OTHER_STEPS.get(step, ()))
-
-
-def step_code(step: str) -> str:
-    """The code a report entry of ``step`` carries."""
-    found = _REWRITES.get(step)
-    if found is not None:
-        return found.code
-    codes = _OTHER_STEPS.get(step, ())
-    return codes[0] if codes else ""
 
 
 def fixes_for(codes: frozenset[str]) -> list[Rewrite]:
