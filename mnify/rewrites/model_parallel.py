@@ -23,8 +23,8 @@ import libcst as cst
 
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.dataset import iterator_calls
 from mnify.rewrites.edits import expression
+from mnify.rewrites.iterators import iterator_calls
 from mnify.rewrites.registry import rewrite
 from mnify.rewrites.wrapping import wrap_call
 
