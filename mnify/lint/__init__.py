@@ -3,26 +3,31 @@
 Public API (the converter uses it for its report):
 ``lint_source(source, path, *, select=None, ignore=None) -> list[Diagnostic]``, and
 ``lint_wrapper(wrapper, path, ...)`` to lint a ``libcst.metadata.MetadataWrapper`` whose metadata
-the caller already resolved. ``ALL_RULES`` lists the rule classes (code, name, docs, examples).
+the caller already resolved. ``ALL_RULES`` lists the rule classes (code, name, docs, examples),
+one module each in mnify/hazards/.
+
+The names are resolved on first use (``mnify._lazy``): a hazard module imports the rule base
+(``mnify.lint.rule``) while the registry (``mnify.lint.registry``) imports every hazard module, so
+this package face must not import the registry just because a submodule was imported.
 """
 
 from __future__ import annotations
 
-from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
-from mnify.lint.registry import ALL_RULES, SelectorError, rule_for, select_rules
-from mnify.lint.rule import Rule
-from mnify.lint.runner import lint_source, lint_wrapper, parse_project, project_collectives
+from mnify._lazy import lazy_exports
 
-__all__ = [
-    "ALL_RULES",
-    "Diagnostic",
-    "LintSyntaxError",
-    "Rule",
-    "SelectorError",
-    "lint_source",
-    "lint_wrapper",
-    "parse_project",
-    "project_collectives",
-    "rule_for",
-    "select_rules",
-]
+# public name -> module (relative to this package) that defines it
+_NAMES: dict[str, str] = {
+    "ALL_RULES": "registry",
+    "Diagnostic": "diagnostic",
+    "LintSyntaxError": "diagnostic",
+    "Rule": "rule",
+    "SelectorError": "registry",
+    "lint_source": "runner",
+    "lint_wrapper": "runner",
+    "parse_project": "runner",
+    "project_collectives": "runner",
+    "rule_for": "registry",
+    "select_rules": "registry",
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _NAMES)

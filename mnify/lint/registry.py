@@ -1,4 +1,5 @@
-"""Every rule, in code order, and the ruff-style selection of which ones run.
+"""Every rule (one module each in mnify/hazards/), in code order, and the ruff-style selection
+of which ones run.
 
 Selectors are ``ALL``, a code prefix (``MN``, ``MN3``, ``MN30``) or a full code (``MN8xx`` belong
 to ``mnify convert``'s report and select no lint rule). A rule runs when
@@ -12,68 +13,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+from mnify.hazards.registry import discover_rules
 from mnify.lint.rule import Rule
-from mnify.lint.rules.collectives import (
-    CollectiveOnSomeRanks,
-    DivergentWorkBeforeTimedCollective,
-)
-from mnify.lint.rules.data_parallel import (
-    DatasetLoadedOnEveryRank,
-    NoScatterDataset,
-    OptimizerNotMultiNode,
-    PlainBatchNormalization,
-    PlainEvaluator,
-    UnequalShardsInLockstep,
-)
-from mnify.lint.rules.device import (
-    DeviceSelectedAfterPlacement,
-    DeviceSelectedTwice,
-    GpuIdFromGlobalRank,
-    ImplicitDeviceWithoutSelection,
-)
-from mnify.lint.rules.extensions import (
-    FileSavedOnEveryRank,
-    LogFileOnEveryRank,
-    UnguardedReportingExtension,
-)
-from mnify.lint.rules.fork import (
-    DumpGraphUnderMpi,
-    ForkUnderMpi,
-    MultiprocessingForkStartMethod,
-    MultiprocessIteratorWithoutForkserver,
-    SubprocessUnderMpi,
-)
-from mnify.lint.rules.preview import GlobalBatchGrowsLearningRateUnchanged, PrintOnEveryRank
 
-ALL_RULES: tuple[type[Rule], ...] = tuple(
-    sorted(
-        (
-            DeviceSelectedAfterPlacement,
-            DeviceSelectedTwice,
-            GpuIdFromGlobalRank,
-            ImplicitDeviceWithoutSelection,
-            DumpGraphUnderMpi,
-            MultiprocessIteratorWithoutForkserver,
-            SubprocessUnderMpi,
-            ForkUnderMpi,
-            MultiprocessingForkStartMethod,
-            CollectiveOnSomeRanks,
-            DivergentWorkBeforeTimedCollective,
-            UnguardedReportingExtension,
-            FileSavedOnEveryRank,
-            LogFileOnEveryRank,
-            DatasetLoadedOnEveryRank,
-            PlainBatchNormalization,
-            OptimizerNotMultiNode,
-            NoScatterDataset,
-            PlainEvaluator,
-            UnequalShardsInLockstep,
-            GlobalBatchGrowsLearningRateUnchanged,
-            PrintOnEveryRank,
-        ),
-        key=lambda rule: rule.code,
-    )
-)
+# One module per hazard under mnify/hazards/, found there (no hand-kept list).
+ALL_RULES: tuple[type[Rule], ...] = discover_rules()
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}
 _SELECTOR = re.compile(r"^(ALL|MN[0-9]{0,3})$")
 # MN8xx are `mnify convert`'s report codes: accepted (a shared [tool.mnify] may name them) and

@@ -193,7 +193,7 @@ def project_collectives(
     through other functions of the project: ``{"helpers.load_data": "scatter_dataset"}``
     (module named by its file's stem). Files that do not parse are left out; ``wrappers``
     (from :func:`parse_project`) saves parsing them again."""
-    from mnify.lint.rules.collectives import CollectiveOnSomeRanks
+    from mnify.hazards.mn301_collective_on_some_ranks import CollectiveOnSomeRanks
 
     modules = dict(wrappers) if wrappers is not None else parse_project(files)
     if len(modules) < 2:

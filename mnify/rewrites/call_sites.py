@@ -22,7 +22,7 @@ from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext, Lift, LiftKind
 from mnify.rewrites.edits import Guard, statement
 from mnify.rewrites.facts import CallFact
-from mnify.rewrites.optimizer import names_module, wrap_call
+from mnify.rewrites.wrapping import names_module, wrap_call
 
 _WRAPPERS: dict[LiftKind, tuple[str, str]] = {
     # kind -> (runtime name, how the report says it)

@@ -22,8 +22,8 @@ from mnify.rewrites.edits import EditPlan
 from mnify.rewrites.facts import Facts
 from mnify.rewrites.lines import line_table
 from mnify.rewrites.options import ConvertOptions, Spelling
-from mnify.rewrites.registry import step_code, step_codes
 from mnify.rewrites.report import ReportEntry, Severity
+from mnify.rewrites.step_codes import step_code, step_codes
 from mnify.syntax import names_in
 
 LiftKind = Literal[

@@ -17,28 +17,13 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.rewrites import evaluator
 from mnify.rewrites.context import Claim, FileContext
 from mnify.rewrites.edits import Guard, NodeFn, expression, statement
 from mnify.rewrites.facts import CallFact
+from mnify.rewrites.iterators import dataset_arg, is_training_iterator, iterator_calls
 from mnify.rewrites.registry import rewrite
-from mnify.syntax import argument_node, assigned_in, mentions_rank, names_in, target_names
-
-
-def dataset_arg(call: cst.Call) -> cst.Arg | None:
-    """The argument an iterator takes its dataset from (first positional or ``dataset=``)."""
-    return argument_node(call, 0, "dataset")
-
-
-def is_training_iterator(call: cst.Call) -> bool:
-    """False for evaluation iterators: ``repeat=False`` (keyword or third positional)."""
-    repeat: cst.BaseExpression | None = None
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    if len(positional) > 2:
-        repeat = positional[2].value
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "repeat":
-            repeat = arg.value
-    return not (isinstance(repeat, cst.Name) and repeat.value == "False")
+from mnify.syntax import assigned_in, mentions_rank, names_in, target_names
 
 
 @dataclass(eq=False)
@@ -50,30 +35,6 @@ class _BlockWork:
     sites: list[CallFact] = field(default_factory=list)
     firsts: dict[str, int] = field(default_factory=dict)  # name -> its first iterator's index
     unequal: set[str] = field(default_factory=set)  # scattered with force_equal_length=False
-
-
-def is_user_iterator(qname: str) -> bool:
-    """An iterator class of the user's or of another library (``WindowIterator``,
-    ``ParallelSequentialIterator``): named like one, not Chainer's or the runtime's."""
-    bare = qname.lstrip(".")
-    return (
-        bool(bare)
-        and vocab.last(bare).endswith("Iterator")
-        and not vocab.is_chainer_name(bare)
-        and not vocab.is_runtime_name(bare, vocab.last(bare))
-    )
-
-
-def iterator_calls(ctx: FileContext) -> list[CallFact]:
-    """Every construction of a dataset iterator, Chainer's or anyone's, not yet distributed."""
-    return [
-        c
-        for c in ctx.facts.calls
-        if (vocab.is_iterator(c.qname) or is_user_iterator(c.qname))
-        and not (
-            vocab.is_multi_node_iterator_factory(c.parent_qname) or vocab.is_scatter(c.parent_qname)
-        )
-    ]
 
 
 def _already_scattered(ctx: FileContext, name: str) -> bool:
@@ -92,8 +53,6 @@ def _already_scattered(ctx: FileContext, name: str) -> bool:
 
 @rewrite("dataset", order=30, fixes=("MN504", "MN501"), code="MN804")
 def plan(ctx: FileContext) -> None:
-    from mnify.rewrites import evaluator  # evaluator imports this module
-
     if not ctx.options.data_parallel:
         return
     work: dict[int, _BlockWork] = {}

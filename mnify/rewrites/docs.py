@@ -2,7 +2,8 @@
 
 The MN8xx codes name the converter's own steps (creating the communicator, the device, scaling,
 model parallel, loader workers) and every step that fixes lint rules. Each step's documentation
-is the docstring of the module that registers it, so the page cannot drift from the code: a
+is the docstring of the module that registers it (or the text a hazard module registers it
+with), so the page cannot drift from the code: a
 test compares docs/converter.md with :func:`render_markdown`.
 """
 
@@ -27,7 +28,10 @@ the step's section. `mnify lint --fix --select CODES` applies the steps that fix
 
 
 def step_doc(step: Rewrite) -> str:
-    """The docstring of the module that registers ``step``."""
+    """The documentation ``step`` was registered with, else the docstring of the module that
+    registers it."""
+    if step.doc is not None:
+        return inspect.cleandoc(step.doc)
     module = sys.modules.get(step.plan.__module__)
     return inspect.cleandoc(module.__doc__ or "") if module is not None else ""
 

@@ -22,16 +22,10 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from mnify import vocabulary as vocab
-from mnify.lint import (
-    ALL_RULES,
-    Diagnostic,
-    LintSyntaxError,
-    lint_source,
-    lint_wrapper,
-    parse_project,
-    project_collectives,
-)
+from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
 from mnify.lint.noqa import parse_suppressions
+from mnify.lint.registry import ALL_RULES
+from mnify.lint.runner import lint_source, lint_wrapper, parse_project, project_collectives
 from mnify.rewrites import (
     call_sites,
     communicator,

@@ -37,8 +37,9 @@ from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
 from mnify.rewrites.facts import CallFact
-from mnify.rewrites.optimizer import wrap_call
+from mnify.rewrites.iterators import dataset_arg, is_training_iterator, iterator_calls
 from mnify.rewrites.registry import rewrite
+from mnify.rewrites.wrapping import wrap_call
 
 
 def _check_early_stopping(ctx: FileContext) -> None:
@@ -73,8 +74,6 @@ def _check_early_stopping(ctx: FileContext) -> None:
 def _check_hand_written_evaluation(ctx: FileContext) -> None:
     """Without a Trainer there is no Evaluator to wrap: a loop over the scattered test set
     measures this rank's shard only."""
-    from mnify.rewrites.dataset import is_training_iterator, iterator_calls
-
     if any(vocab.is_trainer(c.qname) for c in ctx.facts.calls):
         return
     for call in iterator_calls(ctx):
@@ -225,8 +224,6 @@ def gathers_test_set(ctx: FileContext, iterator: CallFact) -> bool:
 
 def _scattered_datasets(ctx: FileContext, site: _WholeSet) -> list[str]:
     """The datasets of this evaluator's iterators that the plan (or the source) scatters."""
-    from mnify.rewrites.dataset import dataset_arg
-
     scatters = {vocab.last(name) for name in vocab.SCATTER_FUNCTIONS}
     iterators = list(site.inline)
     for fact in ctx.facts.assigns:

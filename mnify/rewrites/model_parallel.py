@@ -23,10 +23,10 @@ import libcst as cst
 
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.dataset import iterator_calls
 from mnify.rewrites.edits import expression
-from mnify.rewrites.optimizer import wrap_call
+from mnify.rewrites.iterators import iterator_calls
 from mnify.rewrites.registry import rewrite
+from mnify.rewrites.wrapping import wrap_call
 
 
 def _in_channels(call: cst.Call) -> cst.BaseExpression | None:

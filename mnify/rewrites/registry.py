@@ -9,7 +9,8 @@ codes of their own (MN8xx); the MN80x codes each step had before the registry st
 ``# noqa``.
 
 Adding a rewrite is one module that calls :func:`rewrite` (it is found by
-:func:`load_rewrites`) and one fixture pair.
+:func:`load_rewrites`) and one fixture pair; a rewrite that fixes one hazard lives in that
+hazard's module (mnify/hazards/).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from mnify.rewrites.step_codes import StepCodes, enter_step
 
 if TYPE_CHECKING:
     from mnify.rewrites.context import FileContext
@@ -33,66 +36,49 @@ class Rewrite:
     fixes: tuple[str, ...]  # lint rules this rewrite fixes (empty: a converter-only step)
     own_code: str  # the MN8xx code of the step (converter-only steps report under it)
     plan: PlanFn
+    # docs/converter.md's section for the step; None: the docstring of the module registering
+    # it (a hazard module that owns its fix documents the hazard in its own docstring)
+    doc: str | None = None
 
     @property
     def code(self) -> str:
         """The code the step's report entries carry: its first lint rule, else its own."""
-        return self.fixes[0] if self.fixes else self.own_code
+        return StepCodes(self.fixes, self.own_code).code
 
     @property
     def codes(self) -> frozenset[str]:
         """Every code that names this step in ``# noqa`` and ``--select``."""
-        return frozenset({*self.fixes, self.own_code})
+        return StepCodes(self.fixes, self.own_code).codes
 
 
 _REWRITES: dict[str, Rewrite] = {}
-# Steps that are not planning functions but still have codes (emitted late, or project-wide).
-_OTHER_STEPS: dict[str, tuple[str, ...]] = {
-    "threading": ("MN811",),
-    "trainers": ("MN813",),
-    "lint": (),
-    "distributed": (),
-}
 
 
 def rewrite(
-    step: str, *, order: int, fixes: tuple[str, ...] = (), code: str
+    step: str, *, order: int, fixes: tuple[str, ...] = (), code: str, doc: str | None = None
 ) -> Callable[[PlanFn], PlanFn]:
     """Register the decorated ``plan(ctx)`` as the rewrite ``step``."""
 
     def register(plan: PlanFn) -> PlanFn:
         if step in _REWRITES and _REWRITES[step].plan is not plan:
             raise ValueError(f"rewrite step {step!r} registered twice")
-        _REWRITES[step] = Rewrite(step, order, fixes, code, plan)
+        _REWRITES[step] = Rewrite(step, order, fixes, code, plan, doc)
+        enter_step(step, StepCodes(fixes, code))
         return plan
 
     return register
 
 
 def load_rewrites() -> list[Rewrite]:
-    """Every registered rewrite, in planning order (imports the package's modules once)."""
-    import mnify.rewrites as package
+    """Every registered rewrite, in planning order (imports the modules of this package and of
+    mnify/hazards/, where a hazard may own its fix, once)."""
+    import mnify.hazards
+    import mnify.rewrites
 
-    for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{info.name}")
+    for package in (mnify.rewrites, mnify.hazards):
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{info.name}")
     return sorted(_REWRITES.values(), key=lambda r: (r.order, r.step))
-
-
-def step_codes(step: str) -> frozenset[str]:
-    """The codes that name ``step`` (for ``# noqa``); empty for an unknown step."""
-    found = _REWRITES.get(step)
-    if found is not None:
-        return found.codes
-    return frozenset(_OTHER_STEPS.get(step, ()))
-
-
-def step_code(step: str) -> str:
-    """The code a report entry of ``step`` carries."""
-    found = _REWRITES.get(step)
-    if found is not None:
-        return found.code
-    codes = _OTHER_STEPS.get(step, ())
-    return codes[0] if codes else ""
 
 
 def fixable_codes() -> frozenset[str]:

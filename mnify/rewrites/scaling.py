@@ -28,9 +28,9 @@ import libcst as cst
 
 from mnify import vocabulary as vocab
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.dataset import is_training_iterator, iterator_calls
 from mnify.rewrites.edits import NodeFn, expression, statement
 from mnify.rewrites.facts import CallFact
+from mnify.rewrites.iterators import is_training_iterator, iterator_calls
 from mnify.rewrites.registry import rewrite
 
 _STEP = "scaling"

@@ -7,19 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from mnify.hazards.registry import hazard_module_name
 from mnify.lint import ALL_RULES, lint_source
 from mnify.lint.docs import EXAMPLE_IMPORTS, render_markdown
 from mnify.lint.rule import Rule
 
 ROOT = Path(__file__).resolve().parents[2]
-FAMILY_MODULES = {
-    "MN1": "device",
-    "MN2": "fork",
-    "MN3": "collectives",
-    "MN4": "extensions",
-    "MN5": "data_parallel",
-    "MN9": "preview",
-}
 
 
 def test_codes_and_names_are_unique_and_well_formed() -> None:
@@ -31,7 +24,7 @@ def test_codes_and_names_are_unique_and_well_formed() -> None:
     for rule in ALL_RULES:
         assert re.fullmatch(r"MN[1-9][0-9]{2}", rule.code)
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", rule.name)
-        assert rule.__module__.endswith(FAMILY_MODULES[rule.code[:3]]), rule
+        assert rule.__module__ == f"mnify.hazards.{hazard_module_name(rule)}", rule
 
 
 @pytest.mark.parametrize("rule", ALL_RULES, ids=[r.code for r in ALL_RULES])

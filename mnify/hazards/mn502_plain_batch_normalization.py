@@ -1,4 +1,64 @@
-"""docs/design.md §1, step "batch norm": statistics over the global batch, not each shard.
+"""MN502 ``plain-batch-normalization``: plain BatchNormalization in a data-parallel script: statistics
+are per rank.
+
+Its documentation (docs/rules.md, ``mnify explain MN502``) is generated from the rule class below.
+The fix is here too: :func:`fix`, the converter step ``batchnorm`` (MN807, docs/converter.md).
+Fixture: fixtures/lint/MN502.py.
+
+Family: MN5xx: pieces a data-parallel script needs on every rank (docs/design.md §1): scattered
+data, a multi-node optimizer, multi-node batch normalization, a multi-node evaluator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+
+from mnify import vocabulary as N
+from mnify.lint.context import LintContext
+from mnify.lint.rule import AppliesTo, Rule
+from mnify.rewrites.context import FileContext
+from mnify.rewrites.edits import expression, statement
+from mnify.rewrites.registry import rewrite
+
+
+class PlainBatchNormalization(Rule):
+    """Fires on each ``chainer.links.BatchNormalization(...)`` construction (any import style or
+    alias) in a data-parallel script that never calls ``create_mnbn_model`` (which converts a
+    built model's BatchNormalization links where the model is built, ChainerMN's way)."""
+
+    code = "MN502"
+    name = "plain-batch-normalization"
+    summary = "plain BatchNormalization in a data-parallel script: statistics are per rank"
+    why = (
+        "Each rank normalises with the mean and variance of its own small per-rank batch, so "
+        "training no longer matches the single-GPU run with the global batch and suffers with "
+        "small per-rank batches. MultiNodeBatchNormalization computes them over all ranks."
+    )
+    bad = "comm = chainermn.create_communicator()\nself.bn = L.BatchNormalization(64)\n"
+    good = "comm = chainermn.create_communicator()\nself.bn = chainermn.links.MultiNodeBatchNormalization(64, comm)\n"
+    fixable = True
+    applies_to = AppliesTo.DATA_PARALLEL
+
+    def __init__(self, ctx: LintContext) -> None:
+        super().__init__(ctx)
+        self._converted_where_built = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        names = self.ctx.callee_names(node)
+        if N.any_is(names, N.is_batch_normalization):
+            self.report(node)
+        elif N.any_is(names, N.is_mnbn_factory):
+            self._converted_where_built = True
+
+    def finish(self) -> None:
+        if self._converted_where_built:
+            self.findings.clear()
+
+
+# ------------------------------------------------------------------------------------ fix
+FIX_DOC = """docs/design.md §1, step "batch norm": statistics over the global batch, not each shard.
 
 ``L.BatchNormalization(size, ...)`` becomes ``mn.links.MultiNodeBatchNormalization(size, comm,
 ...)``. Inside a model class of a converted file the class's ``__init__`` gains a keyword-only
@@ -8,16 +68,6 @@ left out, or Chainer's ResNets), ``model = mn.links.create_mnbn_model(model, com
 the construction instead. Not under ``--model-parallel channel``: every rank sees the whole batch.
 """
 
-from __future__ import annotations
-
-from collections.abc import Callable
-
-import libcst as cst
-
-from mnify import vocabulary as vocab
-from mnify.rewrites.context import FileContext
-from mnify.rewrites.edits import expression, statement
-from mnify.rewrites.registry import rewrite
 
 # BatchNormalization's positional parameters after ``size`` (MultiNodeBatchNormalization puts
 # ``comm`` second, so these must become keywords).
@@ -26,13 +76,13 @@ _ONE_LINE = 64  # longer replacements break after the opening parenthesis
 _UNSUPPORTED = {"axis", "initial_avg_mean", "initial_avg_var"}
 
 
-@rewrite("batchnorm", order=70, fixes=("MN502",), code="MN807")
-def plan(ctx: FileContext) -> None:
+@rewrite("batchnorm", order=70, fixes=("MN502",), code="MN807", doc=FIX_DOC)
+def fix(ctx: FileContext) -> None:
     if not ctx.options.data_parallel:
         return
     mnbn = ctx.spell.links("MultiNodeBatchNormalization")
     for call in ctx.facts.calls:
-        if not vocab.is_link(call.qname, "BatchNormalization"):
+        if not N.is_link(call.qname, "BatchNormalization"):
             continue
         if ctx.suppressed(call.node, "batchnorm"):
             continue
@@ -121,13 +171,13 @@ def _wrap_external_models(ctx: FileContext, external_bn: Callable[[str], bool]) 
         for a in ctx.facts.assigns
         if len(a.targets) == 1
         and isinstance(a.value, cst.Call)
-        and vocab.is_mnbn_factory(getattr(ctx.facts.call_of(a.value), "qname", ""))
+        and N.is_mnbn_factory(getattr(ctx.facts.call_of(a.value), "qname", ""))
     }
     done: set[int] = set()
     for call in ctx.facts.calls:
         q = call.qname
-        library = vocab.is_library_bn_model(q)
-        if not (library or (q and not vocab.is_chainer_name(q) and external_bn(q))):
+        library = N.is_library_bn_model(q)
+        if not (library or (q and not N.is_chainer_name(q) and external_bn(q))):
             continue
         stmt = call.stmt
         if stmt is None or id(stmt) in done:
@@ -160,5 +210,5 @@ def _wrap_external_models(ctx: FileContext, external_bn: Callable[[str], bool]) 
             call.node,
             "batchnorm",
             "changed",
-            f"{vocab.last(q)} is defined outside the converted files: {wrap}({target}, {comm})",
+            f"{N.last(q)} is defined outside the converted files: {wrap}({target}, {comm})",
         )
