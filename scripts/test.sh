@@ -24,9 +24,13 @@ if [ "${1:-}" = "--quick" ]; then
   quick=(-m "not slow and not multihost and not gpu and (smoke or not mpi)")
   export MNIFY_HYPOTHESIS_PROFILE="${MNIFY_HYPOTHESIS_PROFILE:-mnify-quick}"
 fi
+# The multi-rank tests mostly wait (on mpiexec starting, on ranks that are meant to hang), so
+# several pytest workers share the 2 cores; tests that share a cached run are grouped
+# (xdist_group). MNIFY_TEST_WORKERS=0 runs everything in this process.
+workers=(-n "${MNIFY_TEST_WORKERS:-4}" --dist loadgroup)
 echo "== pytest"
 set +e
-"$bin/python" -m pytest -p no:cacheprovider --timeout=600 "${quick[@]}" "$@"
+"$bin/python" -m pytest -p no:cacheprovider --timeout=600 "${workers[@]}" "${quick[@]}" "$@"
 rc=$?
 set -e
 # pytest's 5 means "no tests collected": a suite that ran nothing must not pass.

@@ -35,8 +35,17 @@ def params(check: str, scripts: list[CorpusScript] | None = None) -> list[Any]:
     for script in CORPUS if scripts is None else scripts:
         reason = script.known_failures.get(check)
         marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        marks.append(pytest.mark.xdist_group(_worker_group(check, script)))
         out.append(pytest.param(script, id=script.name, marks=marks))
     return out
+
+
+def _worker_group(check: str, script: CorpusScript) -> str:
+    """Which pytest-xdist worker group a check of ``script`` runs in (scripts/test.sh runs
+    ``--dist loadgroup``): a script's checks share its cached conversion and single-process run,
+    so they run in one worker; the determinism checks share one conversion of the whole corpus
+    in fresh interpreters, so they all run in one."""
+    return "corpus-determinism" if check == "deterministic" else f"corpus-{script.name}"
 
 
 def files_under(root: Path) -> list[str]:
