@@ -1,13 +1,18 @@
 """Shared pytest configuration.
 
 * The ``gpu`` marker skips without a CUDA device.
-* Tests in modules that launch real ranks (through the launch helpers of ``testkit``,
-  ``tests/support`` and friends) are marked ``mpi`` automatically, so ``scripts/test.sh --quick`` can leave them out
-  without every module having to remember its marker; ``smoke`` marks the few 2-rank runs the
-  quick tier keeps (README, "Tests").
+* Tests that launch real ranks (a launch helper of ``testkit``, ``tests/support`` and friends,
+  reached from the test, its fixtures or the helpers they call) are marked ``mpi``
+  automatically, so ``scripts/test.sh --quick`` can leave them out without every test having to
+  remember its marker, and keeps the single-process tests of the same modules; ``smoke`` marks
+  the few 2-rank runs the quick tier keeps (README, "Tests").
 """
 
 from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,18 +27,74 @@ def _has_gpu() -> bool:
 
 
 # The helpers that start mpiexec (or a multi-host test bed) for a test.
-_LAUNCHERS = frozenset({"run_ranks", "run_script", "mnify_run", "run_verdict", "TestBed"})
+_LAUNCHERS = frozenset(
+    {"run_ranks", "run_script", "mnify_run", "run_verdict", "TestBed", "mnify_scale"}
+)
+_OURS = ("tests.", "testkit.")
+
+
+def _ours(obj: object) -> bool:
+    return str(getattr(obj, "__module__", "")).startswith(_OURS)
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    """A code object and the ones nested in it (inner functions, lambdas, comprehensions)."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _reaches_launcher(obj: object, seen: set[int]) -> bool:
+    """Whether calling ``obj`` may start ranks: it names a launcher, or a function or class of
+    the test code that does. What cannot be read counts as launching (the test stays ``mpi``)."""
+    if id(obj) in seen:
+        return False
+    seen.add(id(obj))
+    if isinstance(obj, type):
+        return any(
+            _reaches_launcher(member, seen)
+            for member in vars(obj).values()
+            if inspect.isfunction(member) or isinstance(member, (staticmethod, classmethod))
+        )
+    function = getattr(obj, "__func__", obj)
+    function = inspect.unwrap(function) if callable(function) else function
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return True
+    scope = getattr(function, "__globals__", {})
+    for nested in _codes(code):
+        for name in nested.co_names:
+            if name in _LAUNCHERS:
+                return True
+            target = scope.get(name)
+            if target is not None and _ours(target) and callable(target):
+                if _reaches_launcher(target, seen):
+                    return True
+    return False
 
 
 def _launches_ranks(item: pytest.Item) -> bool:
+    """Whether a test starts ranks: its module holds a launcher and the test function, one of
+    its fixtures from the test code, or a helper either calls reaches one."""
     module = getattr(item, "module", None)
-    if module is None:
+    if module is None or not any(
+        name in _LAUNCHERS and _ours(obj) for name, obj in vars(module).items()
+    ):
         return False
-    return any(
-        name in _LAUNCHERS
-        and str(getattr(obj, "__module__", "")).startswith(("tests.", "testkit."))
-        for name, obj in vars(module).items()
-    )
+    function = getattr(item, "function", None)
+    if function is None:
+        return True
+    seen: set[int] = set()
+    if _reaches_launcher(function, seen):
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(info, "names_closure", ()):
+        for definition in getattr(info, "name2fixturedefs", {}).get(name, ()):
+            fixture = getattr(definition, "func", None)
+            if fixture is not None and _ours(fixture) and _reaches_launcher(fixture, seen):
+                return True
+    return False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -140,6 +140,7 @@ def test_already_distributed_script_is_left_unchanged(script: CorpusScript) -> N
     assert result.output == script.source, f"changed a ChainerMN script:\n{result.diff()}"
 
 
+@pytest.mark.slow  # converts the whole corpus in fresh interpreters: minutes
 @pytest.mark.parametrize("script", params("deterministic"))
 def test_conversion_is_deterministic(script: CorpusScript) -> None:
     first = output_of(script)
@@ -272,6 +273,7 @@ def single_run(name: str) -> tuple[subprocess.CompletedProcess[str], Path, Count
     return run, base / "rank0", counts
 
 
+@pytest.mark.slow  # trains every corpus script once as one process: minutes in all
 @pytest.mark.parametrize("script", params("original"))
 def test_original_runs_single_process(script: CorpusScript) -> None:
     run, workdir, examples = single_run(script.name)

@@ -22,7 +22,7 @@ SLEEPY = Path(__file__).parent / "scripts" / "sleepy.py"
 PARTS = {"compute", "mean_grad", "wait", "data", "rank0_only"}
 
 
-def scale(
+def mnify_scale(
     tmp_path: Path, counts: str, *script_args: str, updates: int = 6, warmup: int = 2,
     extra: tuple[str, ...] = (), timeout: float = 400,
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:  # fmt: skip
@@ -44,7 +44,7 @@ def kinds(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_a_healthy_script_scales_and_gets_no_cause(tmp_path: Path) -> None:
     plot = tmp_path / "scale.png"
-    data, proc = scale(tmp_path, "1,2", "--compute-ms", "200", extra=("--plot", str(plot)))
+    data, proc = mnify_scale(tmp_path, "1,2", "--compute-ms", "200", extra=("--plot", str(plot)))
     assert set(data) == {"schema", "runs", "speedup", "efficiency", "causes"}
     assert data["schema"] == 1 and [r["ranks"] for r in data["runs"]] == [1, 2]
     for run in data["runs"]:
@@ -63,7 +63,7 @@ def test_a_healthy_script_scales_and_gets_no_cause(tmp_path: Path) -> None:
 
 
 def test_rank0_guarded_work_every_iteration_is_rank0_work(tmp_path: Path) -> None:
-    data, proc = scale(tmp_path, "2", "--compute-ms", "50", "--rank0-ms", "150")
+    data, proc = mnify_scale(tmp_path, "2", "--compute-ms", "50", "--rank0-ms", "150")
     found = kinds(data)
     assert found["rank0-work"]["ranks"] == [0] and found["rank0-work"]["share"] >= 0.15
     assert "straggler" not in found, proc.stdout  # rank 0 is late because of it: not twice
@@ -72,19 +72,21 @@ def test_rank0_guarded_work_every_iteration_is_rank0_work(tmp_path: Path) -> Non
 
 
 def test_an_extension_only_rank0_runs_is_rank0_work(tmp_path: Path) -> None:
-    data, proc = scale(tmp_path, "2", "--trainer", "--compute-ms", "50", "--rank0-ms", "150")
+    data, proc = mnify_scale(tmp_path, "2", "--trainer", "--compute-ms", "50", "--rank0-ms", "150")
     assert kinds(data)["rank0-work"]["ranks"] == [0], proc.stdout
 
 
 def test_one_slower_rank_is_the_straggler(tmp_path: Path) -> None:
-    data, proc = scale(tmp_path, "2", "--compute-ms", "50", "--slow-rank", "1", "--slow-ms", "150")
+    data, proc = mnify_scale(
+        tmp_path, "2", "--compute-ms", "50", "--slow-rank", "1", "--slow-ms", "150"
+    )
     found = kinds(data)
     assert found["straggler"]["ranks"] == [1] and found["straggler"]["share"] >= 0.15
     assert "rank0-work" not in found, proc.stdout
 
 
 def test_the_issue_straggler_sleeping_1_5_s_and_0_3_s_is_named(tmp_path: Path) -> None:
-    data, proc = scale(
+    data, proc = mnify_scale(
         tmp_path, "2", "--trainer", "--slow-rank", "1", "--slow-ms", "1500",
         "--slow-extra-ms", "300", updates=4, warmup=1,
     )  # fmt: skip
@@ -93,21 +95,21 @@ def test_the_issue_straggler_sleeping_1_5_s_and_0_3_s_is_named(tmp_path: Path) -
 
 
 def test_a_wide_model_with_little_compute_is_communication_bound(tmp_path: Path) -> None:
-    data, proc = scale(tmp_path, "2", "--wide", "1500")
+    data, proc = mnify_scale(tmp_path, "2", "--wide", "1500")
     cause = kinds(data)["communication-bound"]
     assert cause["ranks"] == [0, 1] and cause["share"] >= 0.15
     assert "9.0 MB" in cause["message"], cause  # 1500 x 1500 + ... float32 weights
 
 
 def test_slow_example_loading_is_data_loading(tmp_path: Path) -> None:
-    data, proc = scale(tmp_path, "2", "--compute-ms", "20", "--load-ms", "10")
+    data, proc = mnify_scale(tmp_path, "2", "--compute-ms", "20", "--load-ms", "10")
     cause = kinds(data)["data-loading"]
     assert cause["ranks"] == [0, 1] and cause["share"] >= 0.15, proc.stdout
     assert "MultiprocessIterator" in cause["message"]
 
 
 def test_an_unsplit_dataset_is_not_split(tmp_path: Path) -> None:
-    data, _ = scale(tmp_path, "2", "--compute-ms", "50", "--unsplit")
+    data, _ = mnify_scale(tmp_path, "2", "--compute-ms", "50", "--unsplit")
     assert kinds(data)["not-split"]["ranks"] == [0, 1]
 
 
