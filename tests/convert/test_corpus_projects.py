@@ -55,14 +55,17 @@ E2E_FAILURES: dict[str, str] = {}
 
 # Projects that also run under ``--verify`` on 2 ranks (docs/verify.md), one per way the
 # training is reached: hand-written loops split across modules, a training helper, a config-built
-# Trainer, a GAN's two optimizers. A few short runs (each stops
-# after 3 updates), not a second pass over every project.
+# Trainer, a GAN's two optimizers, a pipeline class whose ``__call__`` makes the Trainer
+# (converted at run time). A few short runs (each stops after 3 updates), not a second pass over
+# every project.
 VERIFIED = (
     "handloop_v1_package",
+    "handloop_split_modules",
     "competition_handloop",
     "helper_trainer",
     "config_classifier",
     "gan_resblocks",
+    "pipeline_job",
 )
 # (chainermn_already imports ChainerMN itself, whose create_communicator starts no verification)
 # project -> why its verified run has a finding the converter cannot fix (strict xfails)
