@@ -78,6 +78,7 @@ VERIFIED = (
     "trainer_many_extensions",  # a Trainer with the usual extensions
     "gan_dcgan_updater",  # two optimizers, a custom updater
     "trainer_helper_functions",  # optimizer and extensions made by helpers
+    "trainer_topk_extension_dictconfig",  # dictConfig log file, an extension holding test data
 )
 # (the chainermn_* scripts import ChainerMN itself, whose create_communicator starts no
 # verification: they are left out)
