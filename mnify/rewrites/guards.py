@@ -312,9 +312,52 @@ def _makes_files_only(ctx: FileContext, func: cst.FunctionDef) -> bool:
     writers = [w for w in (_writer_name(ctx, c) for c in calls) if w is not None]
     if not any(w != "print" for w in writers):
         return False
-    return not any(
+    if any(
         vocab.is_chainer_name(c.qname) or c.qname.lstrip(".") in ctx.facts.classes for c in calls
-    )
+    ):
+        return False
+    return not _returns_a_handle(ctx, func)
+
+
+# what a helper may make and return that cannot be handed to other ranks (bcast_obj pickles it)
+_HANDLE_MAKERS = frozenset(
+    {
+        "open",
+        "builtins.open",
+        "io.open",
+        "codecs.open",
+        "csv.writer",
+        "csv.DictWriter",
+        "tempfile.NamedTemporaryFile",
+        "logging.getLogger",
+        "logging.FileHandler",
+    }
+)
+
+
+def _returns_a_handle(ctx: FileContext, func: cst.FunctionDef) -> bool:
+    """``f = open(path, 'w'); ...; return f`` (or ``return open(...)``): a file, writer or
+    logger, which only the process that made it can use."""
+    returned: list[cst.BaseExpression] = []
+
+    class _Returns(cst.CSTVisitor):
+        def visit_Return(self, node: cst.Return) -> None:
+            if node.value is not None:
+                returned.append(node.value)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is func
+
+    func.visit(_Returns())
+    for value in returned:
+        values: list[cst.BaseExpression | None] = [value]
+        if isinstance(value, cst.Name):
+            values += [a.value for a in ctx.facts.assigns_of(value.value) if a.func is func]
+        for v in values:
+            made = ctx.facts.call_of(v)
+            if made is not None and made.qname.lstrip(".") in _HANDLE_MAKERS:
+                return True
+    return False
 
 
 def _lift_writing_method(ctx: FileContext, call: CallFact, cls: cst.ClassDef, what: str) -> None:

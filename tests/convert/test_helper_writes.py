@@ -198,3 +198,18 @@ def test_script_without_project_helpers_is_unchanged_by_this() -> None:
     assert "logging.config.dictConfig(mn.rank0_log_files({'version': 1}, comm))" in (
         result.output or ""
     )
+
+
+def test_a_helper_returning_the_file_it_opened_is_not_broadcast() -> None:
+    """A file object cannot go to the other ranks: the call is left for a person."""
+    helper = HELPER.replace(
+        "    return args.out\n",
+        "    log = open(os.path.join(args.out, 'train.log'), 'w')\n    return log\n",
+    )
+    results = convert_sources(
+        {"proj/helpers.py": helper, "proj/train.py": TRAIN.replace("# other classes\n", "")},
+        ConvertOptions(),
+    )
+    train = next(r for r in results if r.path == "proj/train.py")
+    assert "bcast_obj" not in (train.output or "")
+    assert "    out = prepare_output_dir(args)\n" in (train.output or "")
