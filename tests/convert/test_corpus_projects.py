@@ -56,7 +56,8 @@ E2E_FAILURES: dict[str, str] = {}
 # Projects that also run under ``--verify`` on 2 ranks (docs/verify.md), one per way the
 # training is reached: hand-written loops split across modules, a training helper, a config-built
 # Trainer, a GAN's two optimizers, a pipeline class whose ``__call__`` makes the Trainer
-# (converted at run time). A few short runs (each stops after 3 updates), not a second pass over
+# (converted at run time), an experiment helper of another module that makes the result directory
+# and a dictConfig log file. A few short runs (each stops after 3 updates), not a second pass over
 # every project.
 VERIFIED = (
     "handloop_v1_package",
@@ -66,6 +67,7 @@ VERIFIED = (
     "config_classifier",
     "gan_resblocks",
     "pipeline_job",
+    "experiment_outdir",
 )
 # (chainermn_already imports ChainerMN itself, whose create_communicator starts no verification)
 # project -> why its verified run has a finding the converter cannot fix (strict xfails)
