@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import libcst as cst
 
+from mnify import vocabulary as vocab
 from mnify.lint.rule import AppliesTo, Rule
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
+from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
 from mnify.syntax import argument, mentions_rank
 
@@ -89,10 +91,19 @@ level), and a file handler construction (``FileHandler``, the rotating handlers)
 formats and levels the handler runs unchanged on every rank. Both are expression replacements
 inside the statement; where the communicator does not exist yet (logging set up at import time,
 before the arguments are parsed) the report asks a person.
+
+``logging.config.dictConfig(config)`` gets its configuration through
+``mn.rank0_log_files(config, comm)`` (``mnify.runtime.log_config``): rank 0 keeps it as written,
+the other ranks get each file handler as a console handler with the same level, formatter and
+filters. The configuration may be a literal, a name or loaded from YAML or JSON: the file
+handlers are found at run time. ChainerMN has no such helper: under ``--target chainermn`` the
+report asks a person.
 """
 
 
 _STEP = "log-file"
+LOG_DICT_CONFIG = "logging.config.dictConfig"
+_RANK0_LOG_FILES = "rank0_log_files"
 
 
 def _logging_name(ctx: FileContext) -> str | None:
@@ -107,12 +118,16 @@ def fix(ctx: FileContext) -> None:
         stmt = call.stmt
         handler = call.qname in LOG_FILE_HANDLERS
         basic = call.qname == LOG_BASIC_CONFIG
-        if stmt is None or not (handler or basic):
+        dict_config = call.qname == LOG_DICT_CONFIG
+        if stmt is None or not (handler or basic or dict_config):
             continue
         if id(stmt) in ctx.facts.under_rank_test or ctx.suppressed(call.node, _STEP):
             continue
         if mentions_rank(call.node):
             continue  # a log file per rank already
+        if dict_config:
+            _plan_dict_config(ctx, call)
+            continue
         filename = next(
             (a for a in call.node.args if a.keyword is not None and a.keyword.value == "filename"),
             None,
@@ -158,6 +173,49 @@ def fix(ctx: FileContext) -> None:
             f"{call.qname.rsplit('.', 1)[-1]}: rank 0 keeps the log file, the other ranks log to "
             "the console",
         )
+
+
+def _plan_dict_config(ctx: FileContext, call: CallFact) -> None:
+    """``dictConfig(config)`` -> ``dictConfig(mn.rank0_log_files(config, comm))``."""
+    stmt = call.stmt
+    assert stmt is not None
+    config = call.node.args[0] if call.node.args else None
+    if config is None or config.keyword is not None or config.star:
+        return
+    made = ctx.facts.call_of(config.value)
+    if made is not None and vocab.is_runtime_name(made.qname, _RANK0_LOG_FILES):
+        return  # converted before
+    if ctx.plan.is_guarded(stmt):
+        return
+    if ctx.before_comm_exists(stmt):
+        ctx.note(
+            call.node,
+            _STEP,
+            "needs-person",
+            "every rank runs this logging configuration, set up before the communicator exists: "
+            "its file handlers would append to one file from every rank; let rank 0 keep them",
+        )
+        return
+    comm = ctx.comm_at(call.func, _STEP)
+    if comm is None or ctx.options.target != "mnify":
+        ctx.note(
+            call.node,
+            _STEP,
+            "needs-person",
+            "every rank runs this logging configuration: give the ranks other than 0 console "
+            "handlers instead of its file handlers",
+        )
+        return
+    ctx.use_runtime()
+    value = f"{ctx.spell.top(_RANK0_LOG_FILES)}({ctx.code(config.value)}, {comm})"
+    ctx.plan.replace_node(config, _arg_value(value), stmt)
+    ctx.note(
+        call.node,
+        _STEP,
+        "changed",
+        "logging.config.dictConfig: rank 0 keeps the configuration's log files, the other ranks "
+        f"log to the console instead ({ctx.spell.top(_RANK0_LOG_FILES)}(config, {comm}))",
+    )
 
 
 def _arg_value(value: str) -> NodeFn:

@@ -19,11 +19,16 @@ from collections.abc import Mapping
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.rewrites import helper_writes
 from mnify.rewrites.context import FileContext, Lift, LiftKind
 from mnify.rewrites.edits import Guard, statement
 from mnify.rewrites.facts import CallFact
 from mnify.rewrites.wrapping import names_module, wrap_call
 
+# lifts done by guarding (or broadcasting) a call, not by wrapping its value
+_NOT_WRAPPED: frozenset[LiftKind] = frozenset(
+    {"rank0", "rank0-result", "rank0-method", "extensions"}
+)
 _WRAPPERS: dict[LiftKind, tuple[str, str]] = {
     # kind -> (runtime name, how the report says it)
     "optimizer": ("create_multi_node_optimizer", "gradients averaged across ranks"),
@@ -67,7 +72,7 @@ def _subclass_lifts(ctx: FileContext, lifts: list[Lift]) -> list[Lift]:
         for base in bases:
             bare = base.lstrip(".")
             for lift in lifts:
-                if lift.kind in ("rank0", "extensions"):
+                if lift.kind in _NOT_WRAPPED:
                     continue
                 local = lift.module == ctx.module_name and bare == lift.name
                 if local or bare.endswith("." + lift.name) or bare == f"{lift.module}.{lift.name}":
@@ -130,7 +135,7 @@ def plan_project(contexts: Mapping[str, FileContext]) -> None:
                     grown.append(lift)
             for call in ctx.facts.calls:
                 for lift in lifts:
-                    if lift.kind in ("rank0", "extensions") or not matches(ctx, call, lift):
+                    if lift.kind in _NOT_WRAPPED or not matches(ctx, call, lift):
                         continue
                     if ctx.visible(call.func):
                         continue
@@ -150,8 +155,10 @@ def plan_project(contexts: Mapping[str, FileContext]) -> None:
         if not grown:
             break
         lifts.extend(grown)
+    definitions = helper_writes.method_definitions(contexts.values())
     for ctx in contexts.values():
         _apply(ctx, lifts)
+        helper_writes.guard_method_calls(ctx, lifts, definitions)
     has_batchnorm = any(lift.kind == "mnbn" for lift in lifts) or any(
         vocab.is_batch_normalization(c.qname) for ctx in contexts.values() for c in ctx.facts.calls
     )
@@ -285,6 +292,8 @@ def _apply(ctx: FileContext, lifts: list[Lift]) -> None:
             if not matches(ctx, call, lift) or (id(call.node), lift.kind) in done:
                 continue
             done.add((id(call.node), lift.kind))
+            if lift.kind == "loop-data":
+                continue  # loops.plan_project scatters the arrays the call hands over
             if not ctx.visible(call.func):
                 if lift.kind == "extensions":
                     ctx.note(
@@ -296,7 +305,7 @@ def _apply(ctx: FileContext, lifts: list[Lift]) -> None:
                         "distribute_extensions(trainer, comm) after it",
                     )
                     continue
-                if lift.kind == "rank0" and ctx.outermost_scope(call.func) is not None:
+                if lift.kind in ("rank0", "rank0-result") and ctx.outermost_scope(call.func):
                     ctx.note(
                         call.node,
                         "rank0-guard",
@@ -305,7 +314,11 @@ def _apply(ctx: FileContext, lifts: list[Lift]) -> None:
                         "the communicator is not in scope: call it on rank 0 only",
                     )
                 continue
-            if lift.kind == "rank0":
+            if lift.kind == "rank0-method":
+                continue  # found by name: helper_writes.guard_method_calls
+            if lift.kind == "rank0-result" and helper_writes.broadcast_result(ctx, call, lift):
+                continue
+            if lift.kind in ("rank0", "rank0-result"):
                 target = _guard_target(ctx, call, lift)
                 if target is not None:
                     _guard_call(ctx, call, target, lift)

@@ -27,7 +27,15 @@ from mnify.rewrites.step_codes import step_code, step_codes
 from mnify.syntax import names_in
 
 LiftKind = Literal[
-    "optimizer", "mnbn", "rank0", "channel-parallel", "spatial-parallel", "extensions"
+    "optimizer",
+    "mnbn",
+    "rank0",
+    "rank0-result",  # a helper that writes and returns what it made (helper_writes)
+    "rank0-method",  # a method of the user's class that only writes (helper_writes)
+    "loop-data",  # arrays a training function's hand-written loop indexes (loops)
+    "channel-parallel",
+    "spatial-parallel",
+    "extensions",
 ]
 # What a report entry says the output shows: ("guarded", statement) — it runs under
 # ``if comm.rank == 0:``; ("scattered", name) — the dataset reaches scatter_dataset;

@@ -312,7 +312,31 @@ def _helpers_converted_at_call_sites(trees: Iterable[ast.Module]) -> dict[str, s
                         name = _called_name(before)
                         if name:
                             distributed.add(name)
-    return {"MN503": wrapped, "MN401": distributed, "MN505": distributed}
+    return {
+        "MN503": wrapped,
+        "MN401": distributed,
+        "MN505": distributed,
+        "MN402": _methods_called_on_rank0_only(trees),
+    }
+
+
+def _methods_called_on_rank0_only(trees: Iterable[ast.Module]) -> set[str]:
+    """Methods every call of which (``obj.name(...)``) stands alone under ``if comm.rank == 0:``:
+    their writes are rank 0's (helper_writes guards writing methods where they are called)."""
+    guarded: set[str] = set()
+    anywhere: Counter[str] = Counter()
+    on_rank0: Counter[str] = Counter()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                anywhere[node.func.attr] += 1
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith(".rank == 0"):
+                for stmt in node.body:
+                    call = stmt.value if isinstance(stmt, ast.Expr) else None
+                    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+                        on_rank0[call.func.attr] += 1
+                        guarded.add(call.func.attr)
+    return {name for name in guarded if on_rank0[name] == anywhere[name]}
 
 
 def _enclosing_function(tree: ast.Module, line: int) -> str | None:
@@ -400,6 +424,7 @@ def _convert_project(
             results[path].error = f"internal: 1: error while planning: {exc!r}"
             del contexts[path]
     call_sites.plan_project(contexts)
+    loops.plan_project(contexts)
     _leave_alone_if_nothing_is_parallel(contexts)
     _leave_alone_scripts_that_do_not_train(contexts)
     for path in sources:

@@ -8,7 +8,10 @@ file write wherever it stands, before or after training: ``serializers.save_*``,
 ``pickle.dump``, ``json.dump``, ``plt.savefig``, image dumps, ``open(path, 'w')`` (also as a
 ``with`` block), ``os.makedirs`` of the result directory and config copies. An ``if`` whose whole
 body is such statements is guarded as a whole. A helper function that only writes has its calls
-guarded where the entry point makes them (``call_sites``). Whatever reaches a collective stays on
+guarded where the entry point makes them (``call_sites``), in whichever file of the tree it is; one
+that writes files and returns what it made (``out = prepare_output_dir(args)``) runs on rank 0
+and every rank gets its result, ``comm.bcast_obj(...)``; a method of the user's class that only
+writes is guarded where it is called (``helper_writes``). Whatever reaches a collective stays on
 every rank; so do extensions that change training state (ExponentialShift, evaluators) and
 loads (``load_npz(args.resume, trainer)``). Prints that name the rank are meant for every rank.
 """
@@ -20,6 +23,7 @@ from collections.abc import Callable
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.rewrites import helper_writes
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import Guard, expression
 from mnify.rewrites.facts import CallFact
@@ -274,10 +278,10 @@ def _writes(ctx: FileContext, scope: cst.FunctionDef | cst.ClassDef, depth: int 
 _STATEFUL_METHODS = frozenset({"update", "setup", "extend", "run", "add_hook", "to_gpu"})
 
 
-def _writes_only(ctx: FileContext, func: cst.FunctionDef) -> bool:
+def _writes_only(ctx: FileContext, func: cst.FunctionDef, *, returns: bool = False) -> bool:
     """A module-level helper whose only effect is writing: it writes, changes no training state
     (no optimizer step, no extension added, no collective), and returns nothing but, for an
-    extension factory, its nested extension function."""
+    extension factory, its nested extension function (anything, with ``returns``)."""
     nested = (
         {s.name.value for s in func.body.body if isinstance(s, cst.FunctionDef)}
         if isinstance(func.body, cst.IndentedBlock)
@@ -288,7 +292,7 @@ def _writes_only(ctx: FileContext, func: cst.FunctionDef) -> bool:
             for small in stmt.body:
                 if isinstance(small, (cst.Global, cst.Nonlocal)):
                     return False
-                if isinstance(small, cst.Return) and small.value is not None:
+                if isinstance(small, cst.Return) and small.value is not None and not returns:
                     if not (isinstance(small.value, cst.Name) and small.value.value in nested):
                         return False
     for call in _calls_in(ctx, func):
@@ -299,6 +303,81 @@ def _writes_only(ctx: FileContext, func: cst.FunctionDef) -> bool:
         if vocab.is_scatter(call.qname) or vocab.is_communicator_factory(call.qname):
             return False
     return True
+
+
+def _makes_files_only(ctx: FileContext, func: cst.FunctionDef) -> bool:
+    """A helper that writes files (not only prints) and builds nothing Chainer or this file's
+    classes make: what it returns is a path or a record, safe for rank 0 to make alone."""
+    calls = _calls_in(ctx, func)
+    writers = [w for w in (_writer_name(ctx, c) for c in calls) if w is not None]
+    if not any(w != "print" for w in writers):
+        return False
+    if any(
+        vocab.is_chainer_name(c.qname) or c.qname.lstrip(".") in ctx.facts.classes for c in calls
+    ):
+        return False
+    return not _returns_a_handle(ctx, func)
+
+
+# what a helper may make and return that cannot be handed to other ranks (bcast_obj pickles it)
+_HANDLE_MAKERS = frozenset(
+    {
+        "open",
+        "builtins.open",
+        "io.open",
+        "codecs.open",
+        "csv.writer",
+        "csv.DictWriter",
+        "tempfile.NamedTemporaryFile",
+        "logging.getLogger",
+        "logging.FileHandler",
+    }
+)
+
+
+def _returns_a_handle(ctx: FileContext, func: cst.FunctionDef) -> bool:
+    """``f = open(path, 'w'); ...; return f`` (or ``return open(...)``): a file, writer or
+    logger, which only the process that made it can use."""
+    returned: list[cst.BaseExpression] = []
+
+    class _Returns(cst.CSTVisitor):
+        def visit_Return(self, node: cst.Return) -> None:
+            if node.value is not None:
+                returned.append(node.value)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is func
+
+    func.visit(_Returns())
+    for value in returned:
+        values: list[cst.BaseExpression | None] = [value]
+        if isinstance(value, cst.Name):
+            values += [a.value for a in ctx.facts.assigns_of(value.value) if a.func is func]
+        for v in values:
+            made = ctx.facts.call_of(v)
+            if made is not None and made.qname.lstrip(".") in _HANDLE_MAKERS:
+                return True
+    return False
+
+
+def _lift_writing_method(ctx: FileContext, call: CallFact, cls: cst.ClassDef, what: str) -> None:
+    """A method of ``cls`` (not an extension) whose only effect is writing: its callers guard
+    the call (``helper_writes``)."""
+    method = call.func
+    if (
+        method is None
+        or ctx.facts.func_class.get(id(method)) is not cls
+        or cls.name.value in ctx.writing_extensions
+        or not helper_writes.guardable_method(method.name.value)
+        or not _writes_only(ctx, method)
+    ):
+        return
+    if any(
+        (lift.name, lift.kind, lift.module) == (method.name.value, "rank0-method", ctx.module_name)
+        for lift in ctx.lifts
+    ):
+        return
+    ctx.lifts.append(Lift(method.name.value, "rank0-method", what, method, ctx.module_name))
 
 
 def _writing_extensions(ctx: FileContext) -> set[str]:
@@ -422,13 +501,18 @@ def plan(ctx: FileContext) -> None:
                 ctx.lift(call.func, "extensions", what, call.node, param)
                 continue
             scope = ctx.outermost_scope(call.func)
-            if (
-                isinstance(scope, cst.FunctionDef)
-                and id(scope) not in lifted
-                and _writes_only(ctx, scope)
-            ):
+            if isinstance(scope, cst.FunctionDef) and id(scope) not in lifted:
                 lifted.add(id(scope))
-                ctx.lift(call.func, "rank0", what, call.node)
+                if _writes_only(ctx, scope):
+                    ctx.lift(call.func, "rank0", what, call.node)
+                elif _writes_only(ctx, scope, returns=True) and _makes_files_only(ctx, scope):
+                    ctx.lift(call.func, "rank0-result", what, call.node)
+                else:
+                    continue
+                helper_writes.report_fork_hazards(ctx, scope, f"writes ({what})")
+            elif isinstance(scope, cst.ClassDef) and id(call.func) not in lifted:
+                _lift_writing_method(ctx, call, scope, what)
+                lifted.add(id(call.func))
             continue
         codes = {_code_of(w) for w in _guardable(ctx, target) or [what]}
         only = ctx.options.only_codes

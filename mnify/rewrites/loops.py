@@ -15,18 +15,22 @@ Every rank still builds the arrays (the loading often defines what the rest need
 is the one scattered. The loop's example count follows the share: a name the loop counts with
 (``range(0, N, b)``, ``permutation(N)``) is bound again to ``len(x_train)``, a literal count
 becomes ``len(x_train)``. Arrays indexed only in loops that do not train (evaluation) are left
-whole, so evaluation sees the whole held-out set. A loop whose data the converter cannot find is
-reported as needing a person, with its line.
+whole, so evaluation sees the whole held-out set. A loop inside a training function that indexes
+its parameters (``def train_epoch(model, opt, xs, ys, b)``) has the arrays its callers pass
+scattered before the call, also where the caller is another file of the tree (a v1-era
+``loop.py`` called each epoch from ``train.py``: scattered once, before the epoch loop). A loop
+whose data the converter cannot find is reported as needing a person, with its line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from mnify import vocabulary as vocab
-from mnify.rewrites.context import FileContext
+from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import expression, statement
 from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
@@ -34,6 +38,7 @@ from mnify.syntax import dotted_name, target_names
 
 _STEP = "hand-loop"
 _SEED = 0  # one seed for every array of a loop: their shuffles agree, so rows stay aligned
+CANNOT_SEE_COMM = "the training loop's data cannot see the communicator"
 _LOOPS = (cst.For, cst.While)
 _COUNTERS = ("range", "xrange", "permutation", "arange")
 
@@ -410,10 +415,10 @@ def _plan_arrays(ctx: FileContext, loop: _Loop) -> None:
     comm = ctx.comm_at(func, _STEP)
     if comm is None and func is not None and _plan_at_calls(ctx, loop, func):
         return
+    if comm is None and func is not None and _left_to_other_files(ctx, loop, func):
+        return
     if comm is None:
-        ctx.note(
-            loop.root, _STEP, "needs-person", "the training loop's data cannot see the communicator"
-        )
+        ctx.note(loop.root, _STEP, "needs-person", CANNOT_SEE_COMM)
         return
     first = loop.arrays[0]
     names = [c.value for c in loop.counts if isinstance(c, cst.Name) and c.value not in loop.arrays]
@@ -567,6 +572,93 @@ def _plan_at_calls(ctx: FileContext, loop: _Loop, func: cst.FunctionDef) -> bool
         for name in names:
             ctx.note(call.node, _STEP, "changed", said, claim=("scattered", name))
     return True
+
+
+def _left_to_other_files(ctx: FileContext, loop: _Loop, func: cst.FunctionDef) -> bool:
+    """A module-level training function of a file that calls it nowhere itself, whose loop
+    indexes its parameters (``loop.train_epoch(model, opt, x_train, y_train, b)`` called from
+    the entry point of another file): :func:`plan_project` scatters at those calls."""
+    params = [p.name.value for p in func.params.params]
+    data = [a for a in loop.arrays if a in params]
+    if (
+        ctx.outermost_scope(func) is not func
+        or ctx.facts.func_class.get(id(func)) is not None
+        or not data
+        or not all(a in params or _index_array(ctx, func, a) for a in loop.arrays)
+    ):
+        return False
+    lift = Lift(func.name.value, "loop-data", ",".join(data), loop.root, ctx.module_name)
+    ctx.lifts.append(lift)
+    return True
+
+
+def _index_array(ctx: FileContext, func: cst.FunctionDef, name: str) -> bool:
+    """``perm = np.random.permutation(N)`` in ``func``: an order over the data, not data; it
+    follows the share once ``N`` is the share's length."""
+    assigns = [a for a in ctx.facts.assigns_of(name) if a.func is func]
+    made = [ctx.facts.call_of(a.value) for a in assigns]
+    return bool(made) and all(
+        m is not None and vocab.last(m.qname) in ("permutation", "arange") for m in made
+    )
+
+
+def plan_project(contexts: Mapping[str, FileContext]) -> None:
+    """Training functions of one file whose loops index arrays that other files pass them: the
+    arrays are scattered in the caller, before the outermost loop around the call that does not
+    rebind them (an epoch loop calling ``train_epoch`` each epoch scatters once). Where some call
+    cannot be planned, the loop needs a person, as in its own file."""
+    from mnify.rewrites.call_sites import matches
+
+    for owner in contexts.values():
+        for lift in [lift for lift in owner.lifts if lift.kind == "loop-data"]:
+            func = owner.facts.module_functions.get(lift.name)
+            assert func is not None
+            params = [p.name.value for p in func.params.params]
+            arrays = lift.label.split(",")
+            planned: list[tuple[FileContext, CallFact, list[str], str]] = []
+            complete = True
+            for ctx in contexts.values():
+                for call in ctx.facts.calls:
+                    if ctx is owner or call.stmt is None or not matches(ctx, call, lift):
+                        continue
+                    given = [_argument_name(call.node, params, a) for a in arrays]
+                    names = [n for n in given if n is not None]
+                    comm = ctx.comm_at(call.func, _STEP)
+                    if (
+                        comm is None
+                        or len(names) < len(given)
+                        or not all(_scope_binds(ctx, call.func, n) for n in names)
+                    ):
+                        complete = False
+                        continue
+                    planned.append((ctx, call, names, comm))
+            if not planned or not complete:
+                owner.note(lift.node, _STEP, "needs-person", CANNOT_SEE_COMM)
+                continue
+            for ctx, call, names, comm in planned:
+                assert call.stmt is not None
+                _scatter_before(ctx, _outside_loops_keeping(ctx, call.stmt, names), names, comm)
+                _note_built_everywhere(ctx, call.node, names)
+                said = (
+                    f"{lift.name} ({lift.module}) trains by hand on {', '.join(names)}: they are "
+                    "scattered before it is called, so each rank trains on its own share"
+                )
+                for name in names:
+                    ctx.note(call.node, _STEP, "changed", said, claim=("scattered", name))
+
+
+def _outside_loops_keeping(
+    ctx: FileContext, stmt: cst.BaseStatement, names: list[str]
+) -> cst.BaseStatement:
+    """The outermost loop around ``stmt`` (in its function) that binds none of ``names``, or
+    ``stmt`` itself: scattering there happens once, not on every pass."""
+    where = stmt
+    for loop in _enclosing_loops(ctx, stmt):
+        inner = {id(x) for x in _statements(loop)}
+        if any(id(a.stmt) in inner for n in names for a in ctx.facts.assigns_of(n)):
+            break
+        where = loop
+    return where
 
 
 def _argument_name(call: cst.Call, params: list[str], param: str) -> str | None:

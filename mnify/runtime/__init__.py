@@ -30,6 +30,7 @@ _NAMES: dict[str, str] = {
     "distribute_extensions": "extensions",
     "distribute_trainers": "trainers",
     "distribute_trainer": "trainers",
+    "rank0_log_files": "log_config",
     "create_multi_node_iterator": "iterators",
     "create_synchronized_iterator": "iterators",
 }

@@ -372,8 +372,11 @@ def run_single(project: Project, installed: Path, base: Path) -> subprocess.Comp
     )
 
 
-def run_on_ranks(project: Project, installed: Path, base: Path, n: int = 2) -> RankRun:
-    """Run the installed entry on ``n`` ranks, each in ``base/rank<N>``; failures are returned."""
+def run_on_ranks(
+    project: Project, installed: Path, base: Path, n: int = 2, env: dict[str, str] | None = None
+) -> RankRun:
+    """Run the installed entry on ``n`` ranks, each in ``base/rank<N>``; failures are returned.
+    ``env`` adds to the run's environment (verification, say)."""
     source = _launcher(project, installed, base)
     return run_ranks(
         n,
@@ -385,6 +388,7 @@ def run_on_ranks(project: Project, installed: Path, base: Path, n: int = 2) -> R
         env={
             "MNIFY_WATCHDOG_TIMEOUT": "40",
             examples_seen.OUT_ENV: str(base / "examples.rank{rank}.json"),
+            **(env or {}),
         },
     )
 

@@ -252,3 +252,70 @@ def test_example_fingerprint_ignores_the_padding_a_batch_gives_a_sentence() -> N
     assert _rows_of(short)[1] != _rows_of(long)[1]
     floats = np.array([[1.0, -1.0], [1.0, -1.0 + 1e-6]], dtype=np.float32)
     assert len(set(_rows_of(floats) or [])) == 2
+
+
+EPOCH_HELPER = """\
+import numpy as np
+
+
+def train_epoch(model, optimizer, xs, ys, batchsize):
+    N = len(xs)
+    perm = np.random.permutation(N)
+    for i in range(0, N, batchsize):
+        optimizer.update(model, xs[perm[i:i + batchsize]], ys[perm[i:i + batchsize]])
+"""
+
+
+def _convert_project(entry_body: str) -> list[FileResult]:
+    from mnify.rewrites import convert_sources
+
+    sources = {
+        "proj/loop.py": EPOCH_HELPER,
+        "proj/train.py": HEAD + "import loop\n" + textwrap.dedent(entry_body),
+    }
+    results = convert_sources(sources)
+    for r in results:
+        assert r.error is None, r.error
+    return results
+
+
+def test_a_loop_in_another_files_function_is_split_where_the_entry_point_calls_it() -> None:
+    """``loop.train_epoch(model, opt, x_train, y_train, b)`` called every epoch: the arrays are
+    scattered once, before the epoch loop, in the entry point (the helper's file is unchanged)."""
+    helper, entry = _convert_project(
+        """\
+        x_train = np.random.rand(100, 4).astype(np.float32)
+        y_train = (x_train[:, 0] > 0.5).astype(np.int32)
+        model = L.Classifier(L.Linear(4, 2))
+        optimizer = chainer.optimizers.SGD()
+        optimizer.setup(model)
+        for epoch in range(3):
+            loop.train_epoch(model, optimizer, x_train, y_train, 10)
+        """
+    )
+    assert helper.output == helper.source
+    assert not [e for e in helper.entries if e.severity == "needs-person"]
+    output = entry.output or ""
+    assert _scattered(output) == ["x_train", "y_train"]
+    stmts = _module_statements(output)
+    loop_at = next(i for i, s in enumerate(stmts) if s.startswith("for epoch"))
+    assert stmts[loop_at - 2 : loop_at] == [
+        "x_train = mn.scatter_dataset(x_train, comm, shuffle=True, seed=0)",
+        "y_train = mn.scatter_dataset(y_train, comm, shuffle=True, seed=0)",
+    ]
+
+
+def test_a_call_handing_over_an_expression_leaves_the_loop_to_a_person() -> None:
+    helper, entry = _convert_project(
+        """\
+        x_train = np.random.rand(100, 4).astype(np.float32)
+        y_train = (x_train[:, 0] > 0.5).astype(np.int32)
+        model = L.Classifier(L.Linear(4, 2))
+        optimizer = chainer.optimizers.SGD()
+        optimizer.setup(model)
+        loop.train_epoch(model, optimizer, x_train[:80], y_train[:80], 10)
+        """
+    )
+    assert _scattered(entry.output or "") == []
+    needs = [e for e in helper.entries if e.severity == "needs-person" and e.step == "hand-loop"]
+    assert [e.line for e in needs] == [7]  # the helper's `for i in range(...)` line
