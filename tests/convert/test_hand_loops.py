@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from mnify.rewrites import convert_source
+from mnify.rewrites import FileResult, convert_source
 from tests.convert.converting import convert
 
 HEAD = textwrap.dedent(
