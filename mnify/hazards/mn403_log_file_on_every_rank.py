@@ -34,19 +34,41 @@ LOG_BASIC_CONFIG = "logging.basicConfig"
 
 
 def log_file_call(names: frozenset[str], node: cst.Call) -> bool:
-    """``logging.basicConfig(filename=...)`` or the construction of a logging file handler."""
+    """``logging.basicConfig(filename=...)``, the construction of a logging file handler, or
+    ``logging.config.dictConfig`` of a literal configuration naming a file handler class."""
     if names & LOG_FILE_HANDLERS:
         return True
     if LOG_BASIC_CONFIG in names:
         return any(a.keyword is not None and a.keyword.value == "filename" for a in node.args)
+    if LOG_DICT_CONFIG in names and node.args:
+        return _names_a_file_handler(node.args[0].value)
     return False
 
 
+def _names_a_file_handler(config: cst.BaseExpression) -> bool:
+    """Whether a configuration written in the call names a file handler class ("class":
+    "logging.FileHandler"). A configuration built elsewhere or loaded from a file is not read:
+    the rule stays silent rather than guess (the converter's fix handles both at run time)."""
+    if isinstance(config, cst.Call):
+        return False  # mn.rank0_log_files(config, comm), json.load(f), ...: not a literal here
+    found = False
+
+    class _Strings(cst.CSTVisitor):
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            nonlocal found
+            found = found or node.evaluated_value in LOG_FILE_HANDLERS
+
+    config.visit(_Strings())
+    return found
+
+
 class LogFileOnEveryRank(Rule):
-    """Fires, in a distributed script, on ``logging.basicConfig(filename=...)`` and on the
+    """Fires, in a distributed script, on ``logging.basicConfig(filename=...)``, on the
     construction of a logging file handler (``FileHandler``, ``RotatingFileHandler``,
-    ``TimedRotatingFileHandler``, ``WatchedFileHandler``) that runs on every rank (not inside a
-    rank-conditional ``if``) with a path that does not mention a rank."""
+    ``TimedRotatingFileHandler``, ``WatchedFileHandler``) and on ``logging.config.dictConfig``
+    of a configuration written in the call that names one of those classes, when it runs on
+    every rank (not inside a rank-conditional ``if``) with a path that does not mention a rank.
+    A ``dictConfig`` of a configuration loaded from a file is not read."""
 
     code = "MN403"
     name = "log-file-on-every-rank"
