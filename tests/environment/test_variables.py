@@ -15,8 +15,7 @@ from mnify.cli import main
 from mnify.environment import BadValue, LaunchWiring
 
 ROOT = Path(__file__).resolve().parents[2]
-# Variables of the test suite and the test bed (tests/support), not of the package.
-# read by the test suite and scripts/test.sh, not by mnify
+# Variables of the test suite, scripts/test.sh and the test bed (testkit), not of the package.
 TEST_SUITE_VARIABLES = frozenset(
     {"MNIFY_TESTBED", "MNIFY_TEST_WORKERS", "MNIFY_HYPOTHESIS_PROFILE"}
 )
