@@ -31,7 +31,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
-from mnify.rewrites import ConvertOptions, convert_sources, driver
+from mnify.rewrites import ConvertOptions, convert_sources, reconcile, verify
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "convert"
 
@@ -80,23 +80,23 @@ def mnify_convert(path: Path, source: str, options: ConvertOptions) -> None:
 def checks_off() -> Iterator[None]:
     """The conversion with its self-checks (and the lint they run) replaced by no-ops."""
     saved = (
-        driver.check_output,
-        driver.check_claims,
-        driver._new_collective_findings,
-        driver._lint_input,
+        verify.check_output,
+        verify.check_claims,
+        reconcile.lint_output,
+        reconcile.lint_input,
     )
-    driver.check_output = lambda *a, **k: None  # type: ignore[assignment]
-    driver.check_claims = lambda *a, **k: None  # type: ignore[assignment]
-    driver._new_collective_findings = lambda *a, **k: {}  # type: ignore[assignment]
-    driver._lint_input = lambda *a, **k: None  # type: ignore[assignment]
+    verify.check_output = lambda *a, **k: None  # type: ignore[assignment]
+    verify.check_claims = lambda *a, **k: None  # type: ignore[assignment]
+    reconcile.lint_output = lambda *a, **k: {}  # type: ignore[assignment]
+    reconcile.lint_input = lambda *a, **k: None  # type: ignore[assignment]
     try:
         yield
     finally:
         (
-            driver.check_output,
-            driver.check_claims,
-            driver._new_collective_findings,
-            driver._lint_input,
+            verify.check_output,
+            verify.check_claims,
+            reconcile.lint_output,
+            reconcile.lint_input,
         ) = saved
 
 

@@ -1,4 +1,5 @@
-"""Per-file state shared by the rewrites: facts, the edit plan, the report, and comm access.
+"""Per-file state the rewrites write: the edit plan, the report, and comm access, over the
+read-only :class:`~mnify.rewrites.source_file.SourceFile` (facts, lines, ``# noqa``).
 
 ``comm_at`` answers the question every rewrite asks before emitting ``comm``: can code at this
 spot see the communicator? Inside the training entry point it can. In a module-level helper
@@ -9,21 +10,17 @@ function or a model class's ``__init__`` it cannot, so the helper/class gains a 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from mnify import vocabulary as vocab
-from mnify.lint.noqa import Suppressions, parse_suppressions
 from mnify.rewrites.edits import EditPlan
-from mnify.rewrites.facts import Facts
-from mnify.rewrites.lines import line_table
-from mnify.rewrites.options import ConvertOptions, Spelling
+from mnify.rewrites.options import Spelling
 from mnify.rewrites.report import ReportEntry, Severity
-from mnify.rewrites.step_codes import step_code, step_codes
+from mnify.rewrites.source_file import SourceFile
+from mnify.rewrites.step_codes import step_code
 from mnify.syntax import names_in
 
 LiftKind = Literal[
@@ -78,14 +75,11 @@ class Entry:
 
 
 @dataclass(eq=False)
-class FileContext:
-    path: str
-    module_name: str
-    source: str
-    wrapper: MetadataWrapper
-    module: cst.Module
-    facts: Facts
-    options: ConvertOptions
+class FileContext(SourceFile):
+    """A file being converted: the read-only :class:`SourceFile` and what the rewrites write,
+    the edit plan, the report (``entries``, ``claims``), the entry point and the work for
+    other files (``lifts``)."""
+
     plan: EditPlan = field(default_factory=EditPlan)
     entries: list[ReportEntry] = field(default_factory=list)
     found: list[ReportEntry] = field(default_factory=list)  # lint's findings in the input
@@ -94,14 +88,7 @@ class FileContext:
     lifts: list[Lift] = field(default_factory=list)  # work for the callers of helpers/classes
     claims: list[tuple[ReportEntry, Claim]] = field(default_factory=list)
     writing_extensions: set[str] = field(default_factory=set)  # this file's, by name
-    # Evaluator subclasses of the other converted files: "module.Class" -> whole-set metric
-    project_evaluators: dict[str, bool] = field(default_factory=dict)
     imports_needed: set[str] = field(default_factory=set)
-    # functions of the project that reach a collective once converted ("helpers.load_data"):
-    # a call of one is never put under a rank guard
-    collective_callees: frozenset[str] = frozenset()
-    # whether a class imported from a sibling module that is not converted uses BatchNorm
-    external_bn: Callable[[str], bool] = field(default=lambda qname: False)
     # statements to insert before the communicator (the forkserver preamble)
     preamble: list[cst.BaseStatement] = field(default_factory=list)
     # module-level training helpers the entry point calls, which fetch the communicator with
@@ -111,24 +98,6 @@ class FileContext:
     # the communicator is followed by mn.distribute_trainers(comm) (training out of reach)
     distribute_trainers: bool = False
     _early_helpers: list[cst.FunctionDef | cst.ClassDef] | None = None
-    _positions: object | None = None
-    _suppressions: Suppressions | None = None
-    _lines: dict[int, int] | None = None
-    _quote: str | None = None
-
-    @property
-    def spell(self) -> Spelling:
-        return Spelling(self.options.target)
-
-    def q(self, text: str) -> str:
-        """``text`` as a string literal in the file's own quote style (single unless the file
-        prefers double quotes, as black-formatted files do)."""
-        if self._quote is None:
-            src = self.source  # docstrings' triple quotes say nothing about the style
-            double = src.count('"') - 3 * src.count('"""')
-            single = src.count("'") - 3 * src.count("'''")
-            self._quote = '"' if double > single else "'"
-        return f"{self._quote}{text}{self._quote}"
 
     @property
     def runtime(self) -> Spelling:
@@ -139,37 +108,7 @@ class FileContext:
     def use_runtime(self) -> None:
         self.imports_needed.add(self.spell.import_line)
 
-    # positions, noqa, report ----------------------------------------------------------
-    def line(self, node: cst.CSTNode) -> int:
-        """1-based line of a call or statement (``lines`` module; PositionProvider if unsure)."""
-        if self._lines is None:
-            self._lines = (
-                line_table(self.source, [c.node for c in self.facts.calls], self.facts.stmt_order)
-                or {}
-            )
-        key = node.body[0] if isinstance(node, cst.SimpleStatementLine) and node.body else node
-        found = self._lines.get(id(key))
-        if found is not None:
-            return found
-        if self._positions is None:
-            self._positions = self.wrapper.resolve(PositionProvider)
-        pos = self._positions.get(node)  # type: ignore[attr-defined]
-        return int(pos.start.line) if pos is not None else 0
-
-    def suppressed(self, node: cst.CSTNode, step: str, code: str | None = None) -> bool:
-        """Whether a ``# noqa`` comment keeps ``step`` (or just its rule ``code``) off the
-        node's first line, or a ``# mnify: noqa: CODE`` off the whole file: read exactly as
-        ``mnify lint`` reads it, with the step's rule codes and its own MN8xx code."""
-        if self._suppressions is None:
-            self._suppressions = parse_suppressions(self.source)
-        if not self._suppressions.line_codes and not self._suppressions.file_codes:
-            return False
-        lineno = self.line(node)
-        codes = {code} if code is not None else set(step_codes(step))
-        if code is not None:
-            codes |= {c for c in step_codes(step) if c.startswith("MN8")}
-        return any(self._suppressions.suppresses(lineno, c) for c in codes)
-
+    # report and comm access -------------------------------------------------------------
     def note(
         self,
         node: cst.CSTNode | None,
@@ -190,48 +129,6 @@ class FileContext:
         self.entries.append(entry)
         if claim is not None:
             self.claims.append((entry, claim))
-
-    def reaches_collective(self, stmt: cst.BaseStatement) -> str | None:
-        """The project function reaching a collective that a call inside ``stmt`` names."""
-        if not self.collective_callees:
-            return None
-        inside = {id(stmt)}
-        for call in self.facts.calls:
-            holder = call.stmt
-            chain = []
-            while holder is not None and id(holder) not in inside:
-                chain.append(holder)
-                holder = self.facts.parent_statement(holder)
-            if holder is None:
-                continue
-            inside.update(id(h) for h in chain)
-            bare = call.qname.lstrip(".")
-            for name in self.collective_callees:
-                module, _, func = name.rpartition(".")
-                local = module == self.module_name and bare == func
-                if local or bare == name or bare.endswith("." + name):
-                    return name
-        return None
-
-    def code(self, node: cst.CSTNode) -> str:
-        return self.module.code_for_node(node)
-
-    # comm access ----------------------------------------------------------------------
-    def _inside(self, func: cst.FunctionDef | None, outer: cst.FunctionDef) -> bool:
-        scope: object = func
-        while scope is not None:
-            if scope is outer:
-                return True
-            scope = self.facts.func_parent.get(id(scope))
-        return False
-
-    def _outermost(self, func: cst.FunctionDef) -> cst.FunctionDef | cst.ClassDef:
-        scope: cst.FunctionDef | cst.ClassDef = func
-        while True:
-            parent = self.facts.func_parent.get(id(scope))
-            if parent is None:
-                return scope
-            scope = parent
 
     def visible(self, func: cst.FunctionDef | None) -> bool:
         """Whether code in ``func`` sees the entry point's communicator without threading: in
@@ -360,39 +257,6 @@ class FileContext:
                 return True
             parent = self.facts.parent_statement(parent)
         return False
-
-    def returns_value_of(self, func: cst.FunctionDef, call: cst.Call) -> bool:
-        """Whether the helper ``func`` returns what ``call`` built (``return Adam()``, or
-        ``opt = Adam(); ...; return opt``), so wrapping the helper's result wraps that object."""
-        bound = {
-            name
-            for a in self.facts.assigns
-            if a.value is call and a.func is func
-            for name in a.targets
-        }
-        found = False
-
-        class _Returns(cst.CSTVisitor):
-            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-                return node is func  # returns of nested functions are theirs
-
-            def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-                return False
-
-            def visit_Return(self, node: cst.Return) -> None:
-                nonlocal found
-                value = node.value
-                if value is call or (isinstance(value, cst.Name) and value.value in bound):
-                    found = True
-
-        func.visit(_Returns())
-        return found
-
-    def outermost_scope(
-        self, func: cst.FunctionDef | None
-    ) -> cst.FunctionDef | cst.ClassDef | None:
-        """The module-level function or class that holds ``func`` (None at module level)."""
-        return self._outermost(func) if func is not None else None
 
     def lift(
         self,

@@ -15,16 +15,20 @@ requires that
 
 Statements are identified by their first line and kind (the keyword line of a compound
 statement, as ``ast`` reports it).
+
+The report's claims are checked the same way (:func:`check_claims`): an entry that says a
+statement runs on rank 0, or that a dataset is scattered, must be borne out by the output.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
+import textwrap
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 # An original statement: (1-based line, kind) with kinds spelled as below.
 StmtKey = tuple[int, str]
@@ -39,6 +43,19 @@ def kind_name(name: str) -> str:
     return _KIND_ALIASES.get(name, name)
 
 
+@dataclass(frozen=True)
+class ClaimRecord:
+    """What one report entry says the output shows: ``guarded`` — the statement whose code is
+    ``subject`` runs under the rank-0 guard; ``scattered`` — the dataset named ``subject``
+    reaches ``scatter_dataset`` (or ``scatter_index``); ``rank0-loads`` — rank 0 binds the name
+    ``subject`` and the others bind None."""
+
+    line: int
+    message: str
+    kind: Literal["guarded", "scattered", "rank0-loads"]
+    subject: str
+
+
 @dataclass
 class PlanRecords:
     """What the plan changes, as the check sees it (no nodes, only lines, kinds and code)."""
@@ -47,6 +64,7 @@ class PlanRecords:
     guarded: dict[StmtKey, tuple[str, ...]] = field(default_factory=dict)  # -> else names
     replaced: set[StmtKey] = field(default_factory=set)
     inserted: list[str] = field(default_factory=list)  # code of each inserted statement
+    claims: list[ClaimRecord] = field(default_factory=list)  # the report's, in report order
 
 
 class VerificationError(Exception):
@@ -331,3 +349,72 @@ def check_output(source: str, output: str, records: PlanRecords) -> None:
     checker = _Checker(records, orig_tree, out_tree)
     checker.block(orig_tree.body, out_tree.body, [])
     checker.finish()
+
+
+def _signature(stmt: ast.stmt) -> str:
+    """What identifies a statement across planned expression replacements: the callee of an
+    expression statement, the targets of an assignment, a compound statement's own line."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        return "call " + ast.unparse(stmt.value.func)
+    if isinstance(stmt, ast.Assign):
+        return "assign " + " ".join(ast.unparse(t) for t in stmt.targets)
+    if isinstance(stmt, (ast.If, ast.While)):
+        return f"{type(stmt).__name__} {ast.unparse(stmt.test)}"
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return "with " + ", ".join(ast.unparse(i.context_expr) for i in stmt.items)
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return f"for {ast.unparse(stmt.target)} in {ast.unparse(stmt.iter)}"
+    return ast.unparse(stmt)
+
+
+def check_claims(output: str, records: PlanRecords) -> None:
+    """Issue 12, pattern 11: every "on rank 0", "rank 0 loads" and "scatter" entry of the report
+    is checked against the produced code; one it does not bear out is an internal error
+    (:class:`VerificationError`)."""
+    if not records.claims:
+        return
+    tree = ast.parse(output)
+    test = ast.dump(ast.parse(records.guard_test, mode="eval").body)
+    guarded: set[str] = set()
+    loads: set[str] = set()
+    scattered: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.dump(node.test) == test:
+            for inner in node.body:
+                for sub in ast.walk(inner):
+                    if isinstance(sub, ast.stmt):
+                        guarded.add(_signature(sub))
+            for other in node.orelse:
+                if isinstance(other, ast.Assign) and isinstance(
+                    other.value, (ast.Constant, ast.Tuple)
+                ):
+                    for target in other.targets:
+                        loads.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "scatter_dataset":
+                scattered.add(node.args[0].id)
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            size = node.args[0]
+            if (
+                name == "scatter_index"
+                and isinstance(size, ast.Call)
+                and size.args
+                and isinstance(size.args[0], ast.Name)
+            ):
+                scattered.add(size.args[0].id)
+    for claim in records.claims:
+        if claim.kind == "guarded":
+            original = ast.parse(textwrap.dedent(claim.subject)).body
+            ok = bool(original) and _signature(original[0]) in guarded
+        elif claim.kind == "rank0-loads":
+            ok = claim.subject in loads
+        else:
+            ok = claim.subject in scattered
+        if not ok:
+            raise VerificationError(
+                claim.line, f"the report says '{claim.message}', but the output does not show it"
+            )
