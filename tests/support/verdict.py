@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mnify.runtime.verify import ENV_LAUNCHER, ENV_UPDATES
+from mnify import environment
 from mnify.runtime.verify.session import REPORT_PREFIX
 from tests.support.mpirun import RankRun
 
@@ -20,7 +20,8 @@ UPDATES = 3  # the issue's "mnify run --verify": the first 3 updates, as --verif
 
 def verify_env(updates: int = UPDATES) -> dict[str, str]:
     """Environment that verifies the first ``updates`` updates and reports them as JSON."""
-    return {ENV_UPDATES: str(updates), ENV_LAUNCHER: "1"}
+    wiring = environment.LaunchWiring(verify_report=True)
+    return {environment.VERIFY.name: str(updates), environment.LAUNCH.name: wiring.to_text()}
 
 
 def verdict_of(run: RankRun) -> dict[str, Any]:
