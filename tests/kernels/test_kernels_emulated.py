@@ -23,7 +23,11 @@ import pytest
 from mnify.runtime.kernels import host, plans, sources
 
 GXX = shutil.which("g++")
-pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not found: kernels not emulated")
+pytestmark = [
+    pytest.mark.skipif(GXX is None, reason="g++ not found: kernels not emulated"),
+    # one pytest-xdist worker: the last test reads what the emulated launches recorded
+    pytest.mark.xdist_group("kernels-emulated"),
+]
 
 TYPES = {"float16": 0, "float32": 1, "float64": 2}
 
