@@ -12,8 +12,24 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.lint.context import LintContext
+from mnify.lint.rule import AppliesTo, Finding, Rule
 from mnify.syntax import log_name_by_rank
+
+# the extensions ``distribute_trainers`` registers on rank 0 only (mnify/runtime/trainers.py)
+RUN_TIME_GUARDED_WRITERS = frozenset(
+    {
+        "LogReport",
+        "PrintReport",
+        "ProgressBar",
+        "PlotReport",
+        "DumpGraph",
+        "dump_graph",
+        "VariableStatisticsPlot",
+        "snapshot",
+        "snapshot_object",
+    }
+)
 
 
 class UnguardedReportingExtension(Rule):
@@ -23,7 +39,9 @@ class UnguardedReportingExtension(Rule):
     ``VariableStatisticsPlot`` from ``chainer.training.extensions``, and the call runs on every
     rank: not inside a rank-conditional ``if`` and not after a rank-conditional early exit. A
     ``LogReport`` whose ``log_name`` depends on the rank (``'log' if comm.rank == 0 else None``)
-    writes on one rank: kept on every rank so the script can read its log back."""
+    writes on one rank: kept on every rank so the script can read its log back. Not when the
+    program calls ``distribute_trainers`` (which registers Chainer's writers on rank 0 only when
+    the Trainer runs), nor inside a helper whose call is followed by ``distribute_extensions``."""
 
     code = "MN401"
     name = "reporting-extension-on-every-rank"
@@ -42,6 +60,10 @@ class UnguardedReportingExtension(Rule):
     fixable = True
     applies_to = AppliesTo.DISTRIBUTED
 
+    def __init__(self, ctx: LintContext) -> None:
+        super().__init__(ctx)
+        self._labels: dict[int, str] = {}  # id of a reported extension -> its class's name
+
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == "extend" and node.args):
@@ -51,10 +73,20 @@ class UnguardedReportingExtension(Rule):
         if label == "LogReport" and self._log_name_by_rank(extension):
             return
         if label is not None and not self.ctx.on_some_ranks():
+            self._labels[id(extension)] = label
             self.report(
                 extension,
                 f"`{label}` registered on every rank; register it under `if comm.rank == 0:`",
             )
+
+    def answered_elsewhere(self, finding: Finding, function: str | None) -> bool:
+        """Not for Chainer's writers when ``distribute_trainers`` guards them at run time, nor
+        in a helper whose extensions ``distribute_extensions`` distributes after it returns."""
+        project = self.ctx.project
+        if function is not None and function in project.extension_helpers_distributed:
+            return True
+        label = self._labels.get(id(finding.node))
+        return project.trainers_distributed_at_run_time and label in RUN_TIME_GUARDED_WRITERS
 
     def _log_name_by_rank(self, expr: cst.BaseExpression) -> bool:
         if not isinstance(expr, cst.Call):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.lint.rule import AppliesTo, Finding, Rule
 from mnify.syntax import argument, string_value
 
 
@@ -23,7 +23,8 @@ class FileSavedOnEveryRank(Rule):
     same path: ``chainer.serializers.save_*``, ``np.save``/``savez``/``savetxt``,
     ``pickle.dump``/``json.dump`` (which write to a file object), ``savefig``, image writers
     (``cv2.imwrite``, ``imageio.imwrite``, ``PIL.Image...save``), ``shutil`` copies, and
-    ``open(path, 'w'/'a'/'x')``."""
+    ``open(path, 'w'/'a'/'x')``. A write inside a method every call of which in the program
+    stands alone under ``if <x>.rank == 0:`` is rank 0's."""
 
     code = "MN402"
     name = "file-saved-on-every-rank"
@@ -52,6 +53,10 @@ class FileSavedOnEveryRank(Rule):
         if target is not None and ctx.find_rank(target, ("global", "intra", "inter")):
             return
         self.report(node)
+
+    def answered_elsewhere(self, finding: Finding, function: str | None) -> bool:
+        """Not in a method the program calls on rank 0 only."""
+        return function is not None and function in self.ctx.project.rank0_only_methods
 
     def _writes(self, node: cst.Call) -> bool:
         names = self.ctx.callee_names(node)

@@ -17,7 +17,7 @@ import libcst as cst
 
 from mnify import vocabulary as N
 from mnify.lint.context import LintContext
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.lint.rule import AppliesTo, Finding, Rule
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import expression, statement
 from mnify.rewrites.registry import rewrite
@@ -25,8 +25,9 @@ from mnify.rewrites.registry import rewrite
 
 class PlainBatchNormalization(Rule):
     """Fires on each ``chainer.links.BatchNormalization(...)`` construction (any import style or
-    alias) in a data-parallel script that never calls ``create_mnbn_model`` (which converts a
-    built model's BatchNormalization links where the model is built, ChainerMN's way)."""
+    alias) in a data-parallel script whose program (this file or another) never calls
+    ``create_mnbn_model`` (which converts a built model's BatchNormalization links where the model
+    is built, ChainerMN's way)."""
 
     code = "MN502"
     name = "plain-batch-normalization"
@@ -55,6 +56,10 @@ class PlainBatchNormalization(Rule):
     def finish(self) -> None:
         if self._converted_where_built:
             self.findings.clear()
+
+    def answered_elsewhere(self, finding: Finding, function: str | None) -> bool:
+        """Not when another file converts the model where it builds it."""
+        return self.ctx.project.batch_normalization_converted
 
 
 # ------------------------------------------------------------------------------------ fix

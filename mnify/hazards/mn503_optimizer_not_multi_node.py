@@ -15,7 +15,7 @@ import libcst as cst
 
 from mnify import vocabulary as N
 from mnify.hazards.wrap_tracking import WrapTracker
-from mnify.lint.rule import AppliesTo
+from mnify.lint.rule import AppliesTo, Finding
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
@@ -26,7 +26,8 @@ class OptimizerNotMultiNode(WrapTracker):
     """Fires on each ``chainer.optimizers.<Optimizer>(...)`` construction in a data-parallel
     script that is not passed to ``create_multi_node_optimizer`` directly or through the variable
     it is assigned to (a construction returned from a helper counts as wrapped when the file
-    wraps something)."""
+    wraps something, or when some file of the program passes that helper's result to
+    ``create_multi_node_optimizer``), unless the program calls ``distribute_trainers``."""
 
     code = "MN503"
     name = "optimizer-not-multi-node"
@@ -53,6 +54,14 @@ class OptimizerNotMultiNode(WrapTracker):
     def finish(self) -> None:
         for call in self.unwrapped():
             self.report(call)
+
+    def answered_elsewhere(self, finding: Finding, function: str | None) -> bool:
+        """Not when the program calls ``distribute_trainers``, which converts it at run time,
+        nor in a helper whose result another file's call wraps."""
+        project = self.ctx.project
+        return project.trainers_distributed_at_run_time or (
+            function is not None and function in project.optimizer_helpers_wrapped
+        )
 
 
 # ------------------------------------------------------------------------------------ fix

@@ -14,13 +14,14 @@ import libcst as cst
 
 from mnify import vocabulary as N
 from mnify.lint.context import LintContext
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.lint.rule import AppliesTo, Finding, Rule
 
 
 class NoScatterDataset(Rule):
     """Fires on the first ``chainer.iterators`` iterator construction (``SerialIterator``,
     ``MultiprocessIterator``, ``MultithreadIterator``) of a data-parallel script that never calls
-    ``scatter_dataset`` or ``scatter_index``."""
+    ``scatter_dataset`` or ``scatter_index`` and whose program never calls
+    ``distribute_trainers``."""
 
     code = "MN504"
     name = "no-scatter-dataset"
@@ -54,3 +55,8 @@ class NoScatterDataset(Rule):
     def finish(self) -> None:
         if not self._scattered and self._first_iterator is not None:
             self.report(self._first_iterator)
+
+    def answered_elsewhere(self, finding: Finding, function: str | None) -> bool:
+        """Not when the program calls ``distribute_trainers``, which converts it at run time."""
+        project = self.ctx.project
+        return project.trainers_distributed_at_run_time

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from mnify import vocabulary as N
 from mnify.hazards.wrap_tracking import WrapTracker
-from mnify.lint.rule import AppliesTo
+from mnify.lint.rule import AppliesTo, Finding
 
 
 class PlainEvaluator(WrapTracker):
     """Fires on each ``chainer.training.extensions.Evaluator(...)`` construction in a
     data-parallel script that is not passed to ``create_multi_node_evaluator`` directly or
-    through the variable it is assigned to."""
+    through the variable it is assigned to, unless the program calls ``distribute_trainers`` or
+    the construction is in a helper whose call is followed by ``distribute_extensions``."""
 
     code = "MN505"
     name = "plain-evaluator"
@@ -47,3 +48,11 @@ class PlainEvaluator(WrapTracker):
     def finish(self) -> None:
         for call in self.unwrapped():
             self.report(call)
+
+    def answered_elsewhere(self, finding: Finding, function: str | None) -> bool:
+        """Not when the program calls ``distribute_trainers``, which converts it at run time,
+        nor in a helper whose call ``distribute_extensions`` follows."""
+        project = self.ctx.project
+        return project.trainers_distributed_at_run_time or (
+            function is not None and function in project.extension_helpers_distributed
+        )

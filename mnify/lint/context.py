@@ -19,6 +19,7 @@ import libcst as cst
 
 from mnify.lint.flow import FlowPosition, Frame
 from mnify.lint.meaning import Binding
+from mnify.program.project import ProjectUses
 
 
 class LintContext(FlowPosition):
@@ -34,6 +35,7 @@ class LintContext(FlowPosition):
         self.model_parallel_uses: list[cst.CSTNode] = []
         self.class_names: set[str] = set()  # classes defined in this file (models, datasets)
         self.frames: list[Frame] = []
+        self.functions: list[cst.FunctionDef] = []  # every function entered, in source order
         self.branches: list[tuple[cst.If, str]] = []
         self.rank_branches: list[tuple[cst.If, str]] = []
         self.rank_ifs: dict[int, bool] = {}
@@ -45,6 +47,8 @@ class LintContext(FlowPosition):
         # "data" / "model": judge the file as part of a data- / model-parallel program even
         # if it creates no communicator itself (the converter's view of its input and output)
         self.assume: str | None = None
+        # what the other files of the program (and this one) do with this file's code
+        self.project = ProjectUses()
         # node type -> handler; a dict lookup per node keeps the shared walk cheap
         self._on_enter: dict[type[cst.CSTNode], Callable[[Any], None]] = {
             cst.Call: self._enter_call,

@@ -38,6 +38,7 @@ class FlowPosition(ExpressionMeaning):
     """The walk's position, and the bookkeeping the walk does (state set up by ``LintContext``)."""
 
     frames: list[Frame]
+    functions: list[cst.FunctionDef]
     branches: list[tuple[cst.If, str]]
     rank_branches: list[tuple[cst.If, str]]
     rank_ifs: dict[int, bool]
@@ -109,6 +110,7 @@ class FlowPosition(ExpressionMeaning):
 
     def _enter_function(self, node: cst.FunctionDef) -> None:
         self.frames.append(Frame(node, "function", len(self.rank_branches)))
+        self.functions.append(node)
 
     def _leave_function(self, node: cst.FunctionDef) -> None:
         self.frames.pop()

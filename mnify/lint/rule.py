@@ -77,6 +77,12 @@ class Rule:
     def finish(self) -> None:
         """Called once after the walk, only when ``applies()``; override to decide late."""
 
+    def answered_elsewhere(self, finding: Finding, function: str | None) -> bool:
+        """Whether another part of the program answers ``finding`` (``self.ctx.project``, see
+        mnify/program/project.py); ``function`` names the innermost function around it. The
+        runner drops such findings: a rule judges the whole program, not only its file."""
+        return False
+
     @classmethod
     def condition(cls) -> str:
         """The precise firing condition (the class docstring, dedented)."""

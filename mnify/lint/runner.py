@@ -16,6 +16,7 @@ from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
 from mnify.lint.noqa import parse_suppressions
 from mnify.lint.registry import select_rules
 from mnify.lint.rule import Finding, Rule
+from mnify.program.project import ProjectUses
 
 _Handler = Callable[[Any], None]
 _dispatch_cache: dict[type[Rule], tuple[dict[str, list[str]], dict[str, list[str]]]] = {}
@@ -100,6 +101,7 @@ def lint_source(
     extend_select: Sequence[str] | None = None,
     external_collectives: Mapping[str, str] | None = None,
     assume: str | None = None,
+    project: ProjectUses | None = None,
 ) -> list[Diagnostic]:
     """Lint one file's text. Raises ``LintSyntaxError`` when it does not parse and
     ``SelectorError`` for an unknown selector."""
@@ -114,6 +116,7 @@ def lint_source(
         source=source,
         external_collectives=external_collectives,
         assume=assume,
+        project=project,
     )
 
 
@@ -127,13 +130,16 @@ def lint_wrapper(
     source: str | None = None,
     external_collectives: Mapping[str, str] | None = None,
     assume: str | None = None,
+    project: ProjectUses | None = None,
 ) -> list[Diagnostic]:
     """Lint an already built ``MetadataWrapper`` (the converter shares its resolution: metadata
     already resolved on ``wrapper`` is reused, not recomputed). ``external_collectives`` names
     the functions of other files of the project that perform collectives (see
     :func:`project_collectives`), so calling one under a rank check is found too. ``assume``
     ("data" or "model") judges the file as part of a data- or model-parallel program even if it
-    creates no communicator (how ``mnify convert`` reads its input and its output)."""
+    creates no communicator (how ``mnify convert`` reads its input and its output).
+    ``project`` says how the program's files use each other's code; by default the file is a
+    program of its own."""
     rules = select_rules(select, ignore, extend_select)
     text = source if source is not None else wrapper.module.code
     suppressions = parse_suppressions(text)
@@ -142,6 +148,7 @@ def lint_wrapper(
     ctx = LintContext(path, wrapper.resolve(QualifiedNameProvider))
     ctx.external_collectives = external_collectives or {}
     ctx.assume = assume
+    ctx.project = project if project is not None else ProjectUses.of_sources([text])
     active = [rule(ctx) for rule in rules]
     wrapper.module.visit(_Walker(ctx, active))
     findings: list[tuple[Rule, Finding]] = []
@@ -152,9 +159,12 @@ def lint_wrapper(
     if not findings:
         return []
     positions = wrapper.resolve(PositionProvider)
+    spans = [(positions[f].start.line, positions[f].end.line, f.name.value) for f in ctx.functions]
     diagnostics = set()
     for rule, finding in findings:
         where = positions[finding.node]
+        if rule.answered_elsewhere(finding, _innermost(spans, where.start.line)):
+            continue
         message = finding.message
         if finding.related is not None:
             message = message.replace("{line}", str(positions[finding.related].start.line))
@@ -173,6 +183,15 @@ def lint_wrapper(
             )
         )
     return sorted(diagnostics)
+
+
+def _innermost(spans: Sequence[tuple[int, int, str]], line: int) -> str | None:
+    """The name of the innermost function (of ``(first, last, name)`` spans) around ``line``."""
+    best: tuple[int, int, str] | None = None
+    for span in spans:
+        if span[0] <= line <= span[1] and (best is None or span[0] >= best[0]):
+            best = span
+    return best[2] if best is not None else None
 
 
 def parse_project(files: Mapping[str, str]) -> dict[str, MetadataWrapper]:

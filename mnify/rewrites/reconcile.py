@@ -3,22 +3,23 @@
 On the input, lint's findings of the fixable rules are the report's by-rule count of what the
 rewrites fix. On the output, each file is linted as part of the distributed program: an MN301
 deadlock the input did not have is an internal error (the driver re-plans once, then refuses the
-file); every other hazard still there needs a person, unless the converter answered it in a way
-this file's lint cannot see (the model converted where another file builds it, the trainers
-distributed at run time, a helper fixed where it is called).
+file); every other hazard still there needs a person. Lint judges each output file as part of
+the converted program (mnify/program/project.py): a model converted where another file builds
+it, the trainers distributed at run time and a helper fixed where it is called are answers the
+hazards see themselves.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
 from mnify.lint.registry import ALL_RULES
 from mnify.lint.runner import lint_source, lint_wrapper, parse_project, project_collectives
-from mnify.rewrites import loops, trainers
+from mnify.program.project import ProjectUses
+from mnify.rewrites import loops
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.input_lines import input_line
 from mnify.rewrites.options import ConvertOptions
@@ -73,9 +74,10 @@ def _finding_keys(source: str, findings: list[Diagnostic]) -> Counter[tuple[str,
 def lint_output(
     results: Mapping[str, FileResult], options: ConvertOptions
 ) -> dict[str, Diagnostic]:
-    """Lint the converted project, each file as part of the distributed program: MN301 findings
-    its input did not have are returned (first per file: an internal error); every other
-    hazard left in the output goes to the report as needing a person."""
+    """Lint the converted project, each file as part of the distributed program the project is
+    (its collectives and its uses of each other's code, mnify/program/project.py): MN301
+    findings its input did not have are returned (first per file: an internal error); every
+    other hazard left in the output needs a person, except what a rewrite declared it leaves."""
     done = {p: r for p, r in results.items() if r.output is not None and r.skipped is None}
     if not any(r.changed for r in done.values()):
         return {}
@@ -85,14 +87,8 @@ def lint_output(
     external_out = project_collectives(outputs, wrappers)
     distributed_input = any(_DISTRIBUTED.search(text) for text in inputs.values())
     external_in = project_collectives(inputs) if distributed_input else {}
+    uses = ProjectUses.of_sources(outputs.values())
     new: dict[str, Diagnostic] = {}
-    mnbn_somewhere = any("create_mnbn_model" in text for text in outputs.values())
-    trees = {p: ast.parse(text) for p, text in outputs.items()}
-    # lint findings inside helpers whose work the converter did where they are called
-    done_at_call = _helpers_converted_at_call_sites(trees.values())
-    at_run_time = any(
-        _called_name(node) == trainers.FUNCTION for t in trees.values() for node in ast.walk(t)
-    )
     for path, result in done.items():
         try:
             if path not in wrappers:
@@ -104,6 +100,7 @@ def lint_output(
                 select=sorted(_DEFAULT_CODES),
                 external_collectives=external_out,
                 assume=_assumed(options),
+                project=uses,
             )
             before = (
                 lint_source(
@@ -127,16 +124,8 @@ def lint_output(
             if finding.code == "MN301":
                 new.setdefault(path, finding)
                 continue
-            if finding.code == "MN502" and mnbn_somewhere:
-                continue  # the model is converted where another file builds it
-            if at_run_time and trainers.covered_at_run_time(finding.code, finding.message):
-                continue  # mn.distribute_trainers(comm) converts it when its Trainer runs
             if finding.code == "MN501" and _built_everywhere_on_purpose(result, finding):
                 continue
-            fixed_in = done_at_call.get(finding.code)
-            if fixed_in and _enclosing_function(trees[path], finding.line) in fixed_in:
-                continue
-
             result.entries.append(
                 ReportEntry(
                     path,
@@ -158,74 +147,3 @@ def _built_everywhere_on_purpose(result: FileResult, finding: Diagnostic) -> boo
     return bool(name) and any(
         e.step == "hand-loop" and e.message.startswith(said) for e in result.entries
     )
-
-
-def _called_name(node: ast.AST) -> str | None:
-    """The last name of the function a call (or a statement that is one) calls."""
-    if isinstance(node, (ast.Expr, ast.Assign)):
-        node = node.value
-    if not isinstance(node, ast.Call):
-        return None
-    func = node.func
-    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-
-
-def _helpers_converted_at_call_sites(trees: Iterable[ast.Module]) -> dict[str, set[str]]:
-    """Lint codes -> names of helpers whose finding the converter fixed where they are called:
-    MN503 for ``create_multi_node_optimizer(make_optimizer(model), comm)``; MN401 and MN505 for
-    a helper every converted call of which is followed by ``distribute_extensions(trainer,
-    comm)``."""
-    wrapped: set[str] = set()
-    distributed: set[str] = set()
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and node.args:
-                if _called_name(node) == "create_multi_node_optimizer":
-                    name = _called_name(node.args[0])
-                    if name:
-                        wrapped.add(name)
-            for part in ("body", "orelse", "finalbody"):
-                body = getattr(node, part, None)
-                if not isinstance(body, list):
-                    continue
-                for before, after in zip(body, body[1:], strict=False):
-                    if _called_name(after) == "distribute_extensions":
-                        name = _called_name(before)
-                        if name:
-                            distributed.add(name)
-    return {
-        "MN503": wrapped,
-        "MN401": distributed,
-        "MN505": distributed,
-        "MN402": _methods_called_on_rank0_only(trees),
-    }
-
-
-def _methods_called_on_rank0_only(trees: Iterable[ast.Module]) -> set[str]:
-    """Methods every call of which (``obj.name(...)``) stands alone under ``if comm.rank == 0:``:
-    their writes are rank 0's (helper_writes guards writing methods where they are called)."""
-    guarded: set[str] = set()
-    anywhere: Counter[str] = Counter()
-    on_rank0: Counter[str] = Counter()
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                anywhere[node.func.attr] += 1
-            if isinstance(node, ast.If) and ast.unparse(node.test).endswith(".rank == 0"):
-                for stmt in node.body:
-                    call = stmt.value if isinstance(stmt, ast.Expr) else None
-                    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
-                        on_rank0[call.func.attr] += 1
-                        guarded.add(call.func.attr)
-    return {name for name in guarded if on_rank0[name] == anywhere[name]}
-
-
-def _enclosing_function(tree: ast.Module, line: int) -> str | None:
-    """The name of the innermost function around ``line``."""
-    best: ast.FunctionDef | ast.AsyncFunctionDef | None = None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            end = node.end_lineno or node.lineno
-            if node.lineno <= line <= end and (best is None or node.lineno >= best.lineno):
-                best = node
-    return best.name if best is not None else None

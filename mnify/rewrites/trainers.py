@@ -69,33 +69,6 @@ _WRITERS = frozenset(
 )
 
 
-# lint findings in the output that the runtime answers: plain optimizers, unscattered training
-# data, plain evaluators, and Chainer's writing extensions registered on every rank
-_COVERED_CODES = frozenset({"MN503", "MN504", "MN505"})
-_CHAINER_WRITERS = frozenset(
-    {
-        "LogReport",
-        "PrintReport",
-        "ProgressBar",
-        "PlotReport",
-        "DumpGraph",
-        "dump_graph",
-        "VariableStatisticsPlot",
-        "snapshot",
-        "snapshot_object",
-    }
-)
-_LABEL = re.compile(r"`([^`]+)`")
-
-
-def covered_at_run_time(code: str, message: str) -> bool:
-    """Whether a lint finding left in the output is what ``distribute_trainers`` converts."""
-    if code in _COVERED_CODES:
-        return True
-    label = _LABEL.match(message)
-    return code == "MN401" and label is not None and label.group(1) in _CHAINER_WRITERS
-
-
 # what a function that trains is called (``run_train``, ``train_model``, ``fit``)
 _TRAINING_NAME = re.compile(r"train|fit", re.IGNORECASE)
 
