@@ -31,7 +31,8 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
-from mnify.rewrites import ConvertOptions, convert_sources, reconcile, verify
+from mnify.converter import ConvertOptions, convert_sources, reconcile
+from mnify.rewrites import verify
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "convert"
 

@@ -9,7 +9,7 @@ import ast, json, os, subprocess, sys, collections
 from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from mnify.rewrites import convert_sources
+from mnify.converter import convert_sources
 
 ROOT = REPO / "fixtures"
 groups = []

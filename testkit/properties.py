@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from mnify.converter import ConvertOptions, FileResult, convert_source
 from mnify.lint import lint_source
-from mnify.rewrites import ConvertOptions, FileResult, convert_source
 
 REPO = Path(__file__).resolve().parents[1]
 PATH = "train.py"
@@ -775,7 +775,7 @@ def check_arbitrary_program(source: str) -> None:
 _WORKER = textwrap.dedent(
     """
     import json, sys
-    from mnify.rewrites import convert_source
+    from mnify.converter import convert_source
     sources = json.load(open(sys.argv[1]))
     out = []
     for text in sources:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from mnify.rewrites.driver import FileResult, convert_sources
+from mnify.converter.driver import FileResult, convert_sources
 from mnify.rewrites.options import ConvertOptions
 from mnify.rewrites.report import FileOutcome, Report
 from mnify.sourcefile import (

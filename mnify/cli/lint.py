@@ -119,7 +119,7 @@ def _fix_files(result: LintResult) -> int:
     """Rewrite each file with fixable findings (the converter's fixes for those rules), safely
     and in its own encoding; returns how many findings were fixed. A file whose fix fails its
     checks is left as it was, with an ``error:`` line."""
-    from mnify.rewrites.fix import fix_source
+    from mnify.converter.fix import fix_source
     from mnify.sourcefile import SourceDecodeError, read_source, write_file
 
     by_file: dict[str, list[str]] = {}
@@ -160,7 +160,7 @@ def explain(code: str) -> None:
     """Explain rule CODE (or rule name): what, when it fires, why, bad and good example."""
     rule = rule_for(code)
     if rule is None:
-        from mnify.rewrites import docs as step_docs
+        from mnify.converter import docs as step_docs
 
         step = step_for_code(code)
         if step is not None:
@@ -240,15 +240,15 @@ def rules(output_format: str, converter: bool) -> None:
 
 def step_for_code(code: str) -> Rewrite | None:
     """The converter step named by an MN8xx code or a step name (``mnify explain MN803``)."""
-    from mnify.rewrites import docs as step_docs
+    from mnify.converter import docs as step_docs
 
     return step_docs.step_for(code)
 
 
 def _converter_steps(output_format: str) -> None:
     """``mnify rules --converter``: the MN8xx steps (docs/converter.md is the markdown form)."""
-    from mnify.rewrites import docs as step_docs
-    from mnify.rewrites.registry import load_rewrites
+    from mnify.converter import docs as step_docs
+    from mnify.converter.steps import load_rewrites
 
     steps = load_rewrites()
     if output_format == "markdown":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import LintContext
+from mnify.program.context import LintContext
 from mnify.syntax import argument
 
 

@@ -14,8 +14,8 @@ import libcst as cst
 
 from mnify import vocabulary as N
 from mnify.hazards.device_selection import implicit_placement, is_device_selection
-from mnify.lint.context import LintContext
-from mnify.lint.rule import Rule
+from mnify.hazards.rule import Rule
+from mnify.program.context import LintContext
 from mnify.syntax import argument
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify.hazards.device_selection import is_device_selection
-from mnify.lint.context import LintContext
-from mnify.lint.rule import Rule
+from mnify.hazards.rule import Rule
+from mnify.program.context import LintContext
 
 
 def _exclusive(a: tuple[tuple[int, str], ...], b: tuple[tuple[int, str], ...]) -> bool:

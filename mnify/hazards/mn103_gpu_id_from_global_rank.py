@@ -13,8 +13,8 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import LintContext
-from mnify.lint.rule import Rule
+from mnify.hazards.rule import Rule
+from mnify.program.context import LintContext
 from mnify.syntax import argument
 
 _DEVICE_KEYWORDS = ("device", "gpu", "device_id", "gpu_id")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify.hazards.device_selection import implicit_placement, is_device_selection
-from mnify.lint.context import LintContext
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.hazards.rule import AppliesTo, Rule
+from mnify.program.context import LintContext
 
 
 class ImplicitDeviceWithoutSelection(Rule):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
+from mnify.hazards.rule import Rule
 from mnify.hazards.start_method import start_method
-from mnify.lint.context import LintContext
-from mnify.lint.rule import Rule
+from mnify.program.context import LintContext
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import statement
 from mnify.rewrites.registry import rewrite

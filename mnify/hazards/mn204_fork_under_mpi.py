@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.rule import Rule
+from mnify.hazards.rule import Rule
 
 
 class ForkUnderMpi(Rule):

@@ -14,9 +14,9 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
+from mnify.hazards.rule import Rule
 from mnify.hazards.start_method import start_method
-from mnify.lint.context import LintContext
-from mnify.lint.rule import Rule
+from mnify.program.context import LintContext
 
 _SAFE_START_METHODS = ("forkserver", "spawn")
 

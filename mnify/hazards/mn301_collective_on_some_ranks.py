@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint.context import LintContext
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.hazards.rule import AppliesTo, Rule
+from mnify.program.context import LintContext
 
 _OTHER_BRANCH = {"body": "orelse", "orelse": "body"}
 

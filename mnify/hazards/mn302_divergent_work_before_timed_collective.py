@@ -14,8 +14,8 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import LintContext
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.hazards.rule import AppliesTo, Rule
+from mnify.program.context import LintContext
 from mnify.syntax import dotted_name
 
 _LOGGER_NAMES = frozenset({"logger", "log", "LOGGER", "logging"})

@@ -12,8 +12,8 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import LintContext
-from mnify.lint.rule import AppliesTo, Finding, Rule
+from mnify.hazards.rule import AppliesTo, Finding, Rule
+from mnify.program.context import LintContext
 from mnify.syntax import log_name_by_rank
 
 # the extensions ``distribute_trainers`` registers on rank 0 only (mnify/runtime/trainers.py)

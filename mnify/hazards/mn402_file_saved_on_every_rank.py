@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.rule import AppliesTo, Finding, Rule
+from mnify.hazards.rule import AppliesTo, Finding, Rule
 from mnify.syntax import argument, string_value
 
 

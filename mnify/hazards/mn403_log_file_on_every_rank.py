@@ -12,10 +12,10 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as vocab
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.hazards.rule import AppliesTo, Rule
+from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
-from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
 from mnify.syntax import argument, mentions_rank
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.hazards.rule import AppliesTo, Rule
 from mnify.syntax import argument, dotted_name
 
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import LintContext
-from mnify.lint.rule import AppliesTo, Finding, Rule
+from mnify.hazards.rule import AppliesTo, Finding, Rule
+from mnify.program.context import LintContext
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import expression, statement
 from mnify.rewrites.registry import rewrite

@@ -14,10 +14,10 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
+from mnify.hazards.rule import AppliesTo, Finding
 from mnify.hazards.wrap_tracking import WrapTracker
-from mnify.lint.rule import AppliesTo, Finding
+from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
 from mnify.rewrites.wrapping import names_module, wrap_call
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.context import LintContext
-from mnify.lint.rule import AppliesTo, Finding, Rule
+from mnify.hazards.rule import AppliesTo, Finding, Rule
+from mnify.program.context import LintContext
 
 
 class NoScatterDataset(Rule):

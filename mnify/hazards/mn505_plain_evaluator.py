@@ -11,8 +11,8 @@ data, a multi-node optimizer, multi-node batch normalization, a multi-node evalu
 from __future__ import annotations
 
 from mnify import vocabulary as N
+from mnify.hazards.rule import AppliesTo, Finding
 from mnify.hazards.wrap_tracking import WrapTracker
-from mnify.lint.rule import AppliesTo, Finding
 
 
 class PlainEvaluator(WrapTracker):

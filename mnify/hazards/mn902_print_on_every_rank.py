@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.hazards.rule import AppliesTo, Rule
 
 
 class PrintOnEveryRank(Rule):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint.rule import AppliesTo, Rule
+from mnify.hazards.rule import AppliesTo, Rule
 
 # what reads the process's standard input (qualified names, as lint resolves callees)
 STDIN_READERS = frozenset(

@@ -1,7 +1,7 @@
 """Every hazard, found by walking this package: no hand-kept list to forget a rule in.
 
 A module named ``mnNNN_<name>`` (its code, then its rule name with ``_`` for ``-``) defines
-exactly one :class:`~mnify.lint.rule.Rule` subclass, the hazard, whose ``code`` and ``name`` match
+exactly one :class:`~mnify.hazards.rule.Rule` subclass, the hazard, whose ``code`` and ``name`` match
 the module's name. Modules with other names are helpers shared by several hazards and define
 none.
 """
@@ -15,7 +15,7 @@ import re
 from types import ModuleType
 
 import mnify.hazards as package
-from mnify.lint.rule import Rule
+from mnify.hazards.rule import Rule
 
 HAZARD_MODULE = re.compile(r"^mn[0-9]{3}_[a-z0-9_]+$")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.lint.context import LintContext
-from mnify.lint.rule import Rule
+from mnify.hazards.rule import Rule
+from mnify.program.context import LintContext
 from mnify.syntax import argument, dotted_name
 
 

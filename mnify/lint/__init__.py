@@ -4,11 +4,10 @@ Public API (the converter uses it for its report):
 ``lint_source(source, path, *, select=None, ignore=None) -> list[Diagnostic]``, and
 ``lint_wrapper(wrapper, path, ...)`` to lint a ``libcst.metadata.MetadataWrapper`` whose metadata
 the caller already resolved. ``ALL_RULES`` lists the rule classes (code, name, docs, examples),
-one module each in mnify/hazards/.
+one module each in mnify/hazards/ over the program model of mnify/program/.
 
-The names are resolved on first use (``mnify._lazy``): a hazard module imports the rule base
-(``mnify.lint.rule``) while the registry (``mnify.lint.registry``) imports every hazard module, so
-this package face must not import the registry just because a submodule was imported.
+The names are resolved on first use (``mnify._lazy``), so importing one submodule (the
+formatters, the diagnostics) does not import every hazard.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ _NAMES: dict[str, str] = {
     "ALL_RULES": "registry",
     "Diagnostic": "diagnostic",
     "LintSyntaxError": "diagnostic",
-    "Rule": "rule",
     "SelectorError": "registry",
     "lint_source": "runner",
     "lint_wrapper": "runner",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mnify.lint.rule import Rule
+from mnify.hazards.rule import Rule
 
 EXAMPLE_IMPORTS = """\
 import multiprocessing

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from mnify.hazards.registry import discover_rules
-from mnify.lint.rule import Rule
+from mnify.hazards.rule import Rule
 
 # One module per hazard under mnify/hazards/, found there (no hand-kept list).
 ALL_RULES: tuple[type[Rule], ...] = discover_rules()

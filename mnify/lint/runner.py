@@ -11,11 +11,11 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from mnify.lint.context import LintContext
+from mnify.hazards.rule import Finding, Rule
 from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
-from mnify.lint.noqa import parse_suppressions
 from mnify.lint.registry import select_rules
-from mnify.lint.rule import Finding, Rule
+from mnify.program.context import LintContext
+from mnify.program.noqa import parse_suppressions
 from mnify.program.project import ProjectUses
 
 _Handler = Callable[[Any], None]

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.program.facts import CallFact
 from mnify.rewrites import helper_writes
 from mnify.rewrites.context import FileContext, Lift, LiftKind
 from mnify.rewrites.edits import Guard, statement
-from mnify.rewrites.facts import CallFact
 from mnify.rewrites.wrapping import names_module, wrap_call
 
 # lifts done by guarding (or broadcasting) a call, not by wrapping its value

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.program.facts import CallFact
 from mnify.rewrites import device
 from mnify.rewrites.context import Entry, FileContext
 from mnify.rewrites.edits import statement
-from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
 
 # argparse methods returning the namespace (``parse_known_args``: first of a pair)

@@ -25,9 +25,9 @@ from typing import Literal
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
-from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
 from mnify.syntax import names_in
 

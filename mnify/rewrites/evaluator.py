@@ -34,9 +34,9 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from mnify import vocabulary as vocab
+from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
-from mnify.rewrites.facts import CallFact
 from mnify.rewrites.iterators import dataset_arg, is_training_iterator, iterator_calls
 from mnify.rewrites.registry import rewrite
 from mnify.rewrites.wrapping import wrap_call

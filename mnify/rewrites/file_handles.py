@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from mnify.rewrites.facts import Facts
+from mnify.program.facts import Facts
 from mnify.syntax import names_in
 
 

@@ -23,10 +23,10 @@ from collections.abc import Callable
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.program.facts import CallFact
 from mnify.rewrites import helper_writes
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import Guard, expression
-from mnify.rewrites.facts import CallFact
 from mnify.rewrites.file_handles import HandleFamily, families
 from mnify.rewrites.registry import rewrite
 from mnify.syntax import argument_node, assigned_in, log_name_by_rank, mentions_rank, names_in

@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import Guard, NodeFn, expression
-from mnify.rewrites.facts import CallFact
 
 # Method names guarding by name could mistake for the user's writer: Chainer's and Python's own.
 _COMMON_METHODS = frozenset(

@@ -10,8 +10,8 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.facts import CallFact
 from mnify.syntax import argument_node
 
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import expression, statement
-from mnify.rewrites.facts import CallFact
 from mnify.rewrites.registry import rewrite
 from mnify.syntax import dotted_name, target_names
 

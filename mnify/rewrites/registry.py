@@ -9,14 +9,12 @@ codes of their own (MN8xx); the MN80x codes each step had before the registry st
 ``# noqa``.
 
 Adding a rewrite is one module that calls :func:`rewrite` (it is found by
-:func:`load_rewrites`) and one fixture pair; a rewrite that fixes one hazard lives in that
+``mnify.converter.steps.load_rewrites``) and one fixture pair; a rewrite that fixes one hazard lives in that
 hazard's module (mnify/hazards/).
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -69,18 +67,7 @@ def rewrite(
     return register
 
 
-def load_rewrites() -> list[Rewrite]:
-    """Every registered rewrite, in planning order (imports the modules of this package and of
-    mnify/hazards/, where a hazard may own its fix, once)."""
-    import mnify.hazards
-    import mnify.rewrites
-
-    for package in (mnify.rewrites, mnify.hazards):
-        for info in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{package.__name__}.{info.name}")
+def registered() -> list[Rewrite]:
+    """The rewrites registered so far, in planning order (``mnify.converter.steps`` imports
+    every module that registers one first)."""
     return sorted(_REWRITES.values(), key=lambda r: (r.order, r.step))
-
-
-def fixable_codes() -> frozenset[str]:
-    """Every lint rule some rewrite fixes."""
-    return frozenset(code for r in load_rewrites() for code in r.fixes)

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression, statement
-from mnify.rewrites.facts import CallFact
 from mnify.rewrites.iterators import is_training_iterator, iterator_calls
 from mnify.rewrites.registry import rewrite
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from mnify.lint.noqa import Suppressions, parse_suppressions
-from mnify.rewrites.facts import Facts
+from mnify.program.facts import Facts
+from mnify.program.noqa import Suppressions, parse_suppressions
 from mnify.rewrites.lines import line_table
 from mnify.rewrites.options import ConvertOptions, Spelling
 from mnify.rewrites.step_codes import step_codes

@@ -10,8 +10,8 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from mnify.rewrites import ConvertOptions, convert_source
-from mnify.rewrites.driver import FileResult
+from mnify.converter import ConvertOptions, convert_source
+from mnify.converter.driver import FileResult
 
 
 def convert(

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy
 
-from mnify.rewrites import ConvertOptions, convert_sources
+from mnify.converter import ConvertOptions, convert_sources
 from tests.support import examples_seen
 from tests.support.mpirun import RankRun, mpi_env, run_ranks
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from mnify.cli import main
+from mnify.converter.docs import render_markdown, step_doc
+from mnify.converter.steps import load_rewrites
 from mnify.lint.registry import rule_for
-from mnify.rewrites.docs import render_markdown, step_doc
-from mnify.rewrites.registry import load_rewrites
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from mnify.converter import ConvertOptions, FileResult, convert_sources
 from mnify.lint import lint_source
-from mnify.rewrites import ConvertOptions, FileResult, convert_sources
 from tests.convert.corpus_support import (
     CHECKS,
     CORPUS,
@@ -53,7 +53,7 @@ ENVIRONMENTS = {
 # Converts the files named on its command line one by one, prints {path: output or error}.
 CONVERT_EACH = """\
 import json, sys
-from mnify.rewrites import convert_sources
+from mnify.converter import convert_sources
 out = {}
 for path in sys.argv[1:]:
     with open(path, encoding="utf-8") as f:

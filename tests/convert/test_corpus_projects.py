@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mnify.rewrites import ConvertOptions, convert_sources
+from mnify.converter import ConvertOptions, convert_sources
 from tests.convert.projects_support import (
     Project,
     convert,

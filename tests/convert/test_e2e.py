@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnify.rewrites import ConvertOptions, convert_sources
+from mnify.converter import ConvertOptions, convert_sources
 from tests.convert.cases import CASES, Case, expected_path, read_sources
 from tests.support.mpirun import mpi_env, run_ranks
 

@@ -16,7 +16,7 @@ from typing import Any
 import chainer
 import pytest
 
-from mnify.rewrites.driver import FileResult
+from mnify.converter.driver import FileResult
 from tests.convert.ast_checks import assert_no_expression
 from tests.convert.converting import convert
 

@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 from libcst.metadata import MetadataWrapper
 
-from mnify.rewrites import ConvertOptions, convert_source, convert_sources
+from mnify.converter import ConvertOptions, convert_source, convert_sources
+from mnify.converter.driver import FileResult
+from mnify.program.facts import FactCollector
 from mnify.rewrites.context import FileContext
-from mnify.rewrites.driver import FileResult
 from mnify.rewrites.evaluator import (
     evaluator_classes,
     full_test_iterators,
@@ -34,7 +35,6 @@ from mnify.rewrites.evaluator import (
     gathers_test_set,
     keeps_full_test_set,
 )
-from mnify.rewrites.facts import FactCollector
 from tests.convert.ast_checks import (
     assert_has_expression,
     assert_has_statement,

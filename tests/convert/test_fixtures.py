@@ -7,7 +7,7 @@ import dataclasses
 import libcst as cst
 import pytest
 
-from mnify.rewrites import convert_sources
+from mnify.converter import convert_sources
 from tests.convert.cases import CASES, FIXTURES, Case, expected_path, read_sources
 
 

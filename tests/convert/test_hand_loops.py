@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from mnify.rewrites import FileResult, convert_source
+from mnify.converter import FileResult, convert_source
 from tests.convert.converting import convert
 
 HEAD = textwrap.dedent(
@@ -267,7 +267,7 @@ def train_epoch(model, optimizer, xs, ys, batchsize):
 
 
 def _convert_project(entry_body: str) -> list[FileResult]:
-    from mnify.rewrites import convert_sources
+    from mnify.converter import convert_sources
 
     sources = {
         "proj/loop.py": EPOCH_HELPER,

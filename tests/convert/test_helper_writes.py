@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from mnify.rewrites import ConvertOptions, convert_sources
+from mnify.converter import ConvertOptions, convert_sources
 
 HELPER = """\
 import json

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from mnify.rewrites import convert_source
+from mnify.converter import convert_source
 
 SCRIPT = """\
 import argparse

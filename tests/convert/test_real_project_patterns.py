@@ -6,7 +6,7 @@ import ast
 import textwrap
 from typing import Any
 
-from mnify.rewrites import convert_source, convert_sources
+from mnify.converter import convert_source, convert_sources
 from mnify.rewrites.options import ConvertOptions
 from tests.convert.ast_checks import (
     assert_has_statement,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from mnify.rewrites import ConvertOptions, convert_source, convert_sources
-from mnify.rewrites.driver import FileResult
+from mnify.converter import ConvertOptions, convert_source, convert_sources
+from mnify.converter.driver import FileResult
 from tests.convert.ast_checks import (
     assert_has_expression,
     assert_has_statement,

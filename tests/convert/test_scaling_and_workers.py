@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from mnify.cli.convert import convert as convert_command
-from mnify.rewrites.driver import FileResult
+from mnify.converter.driver import FileResult
 from tests.convert.ast_checks import assert_has_statement, assert_no_name, index_of, is_statement
 from tests.convert.cases import BY_NAME, FIXTURES
 from tests.convert.converting import convert

@@ -17,8 +17,8 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
+from mnify.converter import ConvertOptions, convert_source, convert_sources
 from mnify.lint import lint_source, project_collectives
-from mnify.rewrites import ConvertOptions, convert_source, convert_sources
 from mnify.rewrites.edits import ApplyEdits
 from mnify.rewrites.verify import PlanRecords, VerificationError, check_output
 from tests.convert.ast_checks import assert_has_expression, assert_no_name, is_statement, names_used
@@ -92,7 +92,7 @@ def test_sibling_ifs_stay_siblings() -> None:
 )
 def test_output_is_the_same_under_any_allocator_and_hash_seed(env: dict[str, str]) -> None:
     code = (
-        "import sys; from mnify.rewrites import convert_source; "
+        "import sys; from mnify.converter import convert_source; "
         "sys.stdout.write(convert_source(sys.stdin.read()).output)"
     )
     run = subprocess.run(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from mnify.rewrites import convert_source
+from mnify.converter import convert_source
 
 SCRIPT = textwrap.dedent(
     """\

@@ -15,19 +15,21 @@ ROOT = Path(__file__).resolve().parents[2]
 FIRST_IMPORTS = [
     "mnify.hazards.mn503_optimizer_not_multi_node",
     "mnify.hazards.registry",
-    "mnify.lint.rule",
+    "mnify.hazards.rule",
     "mnify.lint.registry",
     "mnify.rewrites.context",
     "mnify.rewrites.registry",
-    "mnify.rewrites.driver",
+    "mnify.converter.driver",
+    "mnify.program.context",
 ]
 CHECK = (
     "import mnify.lint, mnify.rewrites\n"
-    "from mnify.rewrites.registry import load_rewrites\n"
+    "from mnify.converter.steps import load_rewrites\n"
     "steps = {s.step for s in load_rewrites()}\n"
     "assert mnify.lint.rule_for('MN503').code == 'MN503'\n"
     "assert {'optimizer', 'dataset'} <= steps, steps\n"
-    "assert callable(mnify.rewrites.convert_source)\n"
+    "import mnify.converter\n"
+    "assert callable(mnify.converter.convert_source)\n"
 )
 
 

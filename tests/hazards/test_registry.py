@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mnify.converter.steps import load_rewrites
 from mnify.hazards.registry import (
     HAZARD_MODULE,
     discover_rules,
@@ -16,9 +17,8 @@ from mnify.hazards.registry import (
     package_modules,
     rules_defined_in,
 )
+from mnify.hazards.rule import Rule
 from mnify.lint import ALL_RULES
-from mnify.lint.rule import Rule
-from mnify.rewrites.registry import load_rewrites
 
 ROOT = Path(__file__).resolve().parents[2]
 HAZARD_DIR = ROOT / "mnify" / "hazards"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from mnify.converter import convert_source
+from mnify.converter.steps import fixable_codes, load_rewrites
+from mnify.hazards.rule import Rule
 from mnify.lint import ALL_RULES, lint_source
 from mnify.lint.docs import EXAMPLE_IMPORTS
-from mnify.lint.rule import Rule
-from mnify.rewrites import convert_source
-from mnify.rewrites.registry import fixable_codes, load_rewrites
 
 ROOT = Path(__file__).resolve().parents[2]
 MNIFY = [sys.executable, "-m", "mnify"]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from mnify.hazards.registry import hazard_module_name
+from mnify.hazards.rule import Rule
 from mnify.lint import ALL_RULES, lint_source
 from mnify.lint.docs import EXAMPLE_IMPORTS, render_markdown
-from mnify.lint.rule import Rule
 
 ROOT = Path(__file__).resolve().parents[2]
 

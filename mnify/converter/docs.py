@@ -12,7 +12,8 @@ from __future__ import annotations
 import inspect
 import sys
 
-from mnify.rewrites.registry import Rewrite, load_rewrites
+from mnify.converter.steps import load_rewrites
+from mnify.rewrites.registry import Rewrite
 
 HEADER = """\
 # mnify convert: the steps

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import libcst as cst
 
-from mnify.lint.context import LintContext
+from mnify.program.context import LintContext
 
 
 class AppliesTo(enum.Enum):

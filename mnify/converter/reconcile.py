@@ -15,6 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 
+from mnify.converter.steps import fixable_codes
 from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
 from mnify.lint.registry import ALL_RULES
 from mnify.lint.runner import lint_source, lint_wrapper, parse_project, project_collectives
@@ -23,7 +24,6 @@ from mnify.rewrites import loops
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.input_lines import input_line
 from mnify.rewrites.options import ConvertOptions
-from mnify.rewrites.registry import fixable_codes
 from mnify.rewrites.report import ReportEntry
 from mnify.rewrites.result import FileResult
 

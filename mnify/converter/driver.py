@@ -17,25 +17,25 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from mnify.lint.noqa import parse_suppressions
+from mnify.converter import reconcile
+from mnify.converter.steps import load_rewrites
 from mnify.lint.runner import project_collectives
+from mnify.program.facts import FactCollector
+from mnify.program.noqa import parse_suppressions
 from mnify.rewrites import (
     call_sites,
     communicator,
     distributed,
     imports,
     loops,
-    reconcile,
     verify,
 )
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import ApplyEdits
-from mnify.rewrites.facts import FactCollector
 from mnify.rewrites.options import ConvertOptions
 from mnify.rewrites.project_facts import share_project_facts
 from mnify.rewrites.project_policies import apply_project_policies
 from mnify.rewrites.records import plan_records
-from mnify.rewrites.registry import load_rewrites
 from mnify.rewrites.report import ReportEntry
 from mnify.rewrites.result import FileResult
 from mnify.rewrites.verify import VerificationError

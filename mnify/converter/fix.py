@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from mnify.rewrites.driver import FileResult, convert_source
+from mnify.converter.driver import FileResult, convert_source
+from mnify.converter.steps import fixable_codes
 from mnify.rewrites.options import ConvertOptions
-from mnify.rewrites.registry import fixable_codes
 
 _CHAINERMN = re.compile(r"^\s*(import|from)\s+chainermn\b", re.M)
 

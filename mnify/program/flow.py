@@ -16,7 +16,7 @@ from typing import Any, Literal
 import libcst as cst
 
 from mnify import vocabulary as N
-from mnify.lint.meaning import Binding, ExpressionMeaning
+from mnify.program.meaning import Binding, ExpressionMeaning
 from mnify.syntax import dotted_name
 
 FrameKind = Literal["module", "function", "loop"]

@@ -17,8 +17,8 @@ from typing import Any
 
 import libcst as cst
 
-from mnify.lint.flow import FlowPosition, Frame
-from mnify.lint.meaning import Binding
+from mnify.program.flow import FlowPosition, Frame
+from mnify.program.meaning import Binding
 from mnify.program.project import ProjectUses
 
 
