@@ -146,13 +146,19 @@ class LaunchWiring:
     - ``verify_report``: under ``--verify`` rank 0 prints its report as one JSON line for the
       launcher to render, and the ranks leave the exit status to it (docs/verify.md);
     - ``scale_updates``: ``mnify scale`` runs the script with its probes and stops every rank
-      after this update (:mod:`mnify.runtime.scale_probe`, docs/scale.md).
+      after this update (:mod:`mnify.runtime.scale_probe`, docs/scale.md);
+    - ``timeline_events``: ``mnify run --timeline-events``, the events each rank's timeline
+      keeps (docs/timeline.md);
+    - ``verify_timeout``: ``mnify run --verify-timeout``, the seconds rank 0 waits at the
+      verification stop for a rank (docs/verify.md).
     """
 
     rank_state_dir: str | None = None
     rank_state_host: str | None = None
     verify_report: bool = False
     scale_updates: int | None = None
+    timeline_events: int | None = None
+    verify_timeout: float | None = None
 
     def to_text(self) -> str:
         """The JSON the launcher sets: only the fields that are set, in a fixed order."""
@@ -169,16 +175,27 @@ class LaunchWiring:
             raise BadValue("not a JSON object")
         types: dict[str, type] = {
             "rank_state_dir": str, "rank_state_host": str, "verify_report": bool,
-            "scale_updates": int,
+            "scale_updates": int, "timeline_events": int, "verify_timeout": float,
         }  # fmt: skip
         for key, value in data.items():
             if key not in types:
                 raise BadValue(f"unknown key {key!r}")
-            # bool is an int in Python, not in JSON: true is no number of updates
-            if not isinstance(value, types[key]) or (types[key] is int and isinstance(value, bool)):
-                raise BadValue(f"{key} must be {types[key].__name__}, got {value!r}")
+            wanted = types[key]
+            # bool is an int in Python, not in JSON: true is no number; 120 is a float of seconds
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            fits = (
+                number
+                if wanted is float
+                else isinstance(value, wanted) and not (wanted is int and isinstance(value, bool))
+            )
+            if not fits:
+                raise BadValue(f"{key} must be {wanted.__name__}, got {value!r}")
         if data.get("scale_updates") is not None and data["scale_updates"] < 1:
             raise BadValue(f"scale_updates must be 1 or more, got {data['scale_updates']}")
+        if data.get("timeline_events") is not None and data["timeline_events"] < 16:
+            raise BadValue(f"timeline_events must be 16 or more, got {data['timeline_events']}")
+        if data.get("verify_timeout") is not None and data["verify_timeout"] < 1:
+            raise BadValue(f"verify_timeout must be 1 or more, got {data['verify_timeout']}")
         return cls(**data)
 
 
@@ -215,15 +232,6 @@ HOSTNAME: Variable[str | None] = Variable(
     "The host name ranks are grouped into hosts by, instead of MPI's processor name (tests "
     "fake several hosts on one machine). Per host: never forwarded.",
     forwarded=False,
-)  # fmt: skip
-TIMELINE_EVENTS = Variable(
-    "MNIFY_TIMELINE_EVENTS", INT, 1 << 17, "tuning",
-    "Events each rank's timeline keeps (at least 16); older ones are overwritten.",
-)  # fmt: skip
-VERIFY_TIMEOUT = Variable(
-    "MNIFY_VERIFY_TIMEOUT", SECONDS, 120.0, "tuning",
-    "Seconds (at least 1) rank 0 waits at the verification stop for a rank before ending the "
-    "job naming it.",
 )  # fmt: skip
 EXIT_BARRIER = Variable(
     "MNIFY_EXIT_BARRIER", SECONDS, 60.0, "tuning",
@@ -262,7 +270,7 @@ LAUNCH = Variable(
 
 VARIABLES: tuple[Variable[Any], ...] = (
     DEBUG, WATCHDOG_TIMEOUT, TIMELINE, VERIFY, MPIEXEC, HOSTNAME,
-    TIMELINE_EVENTS, VERIFY_TIMEOUT, EXIT_BARRIER, ABORT_GRACE, ABORT_FALLBACK,
+    EXIT_BARRIER, ABORT_GRACE, ABORT_FALLBACK,
     SHARED_MEMORY, SINGLE_COPY, OVERLAP,
     LAUNCH,
 )  # fmt: skip

@@ -205,6 +205,14 @@ def _exit_status(returncode: int) -> int:
     help="Record every rank's collectives; merge them into a Chrome trace; name stragglers.",
 )
 @click.option(
+    "--timeline-events",
+    "timeline_events",
+    type=click.IntRange(min=16),
+    default=None,
+    metavar="N",
+    help="Events each rank's timeline keeps (default 131072); older ones are overwritten.",
+)
+@click.option(
     "--verify",
     "verify",
     is_flag=True,
@@ -218,6 +226,15 @@ def _exit_status(returncode: int) -> int:
     default=None,
     metavar="K",
     help=f"How many updates --verify checks (default {DEFAULT_UPDATES}; implies --verify).",
+)
+@click.option(
+    "--verify-timeout",
+    "verify_timeout",
+    type=click.FloatRange(min=1),
+    default=None,
+    metavar="SECONDS",
+    help="How long rank 0 waits at the verification stop for a rank before ending the job "
+    "naming it (default 120).",
 )
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -236,8 +253,10 @@ def run(
     exit_timeout: float,
     summary_json: str | None,
     timeline_file: str | None,
+    timeline_events: int | None,
     verify: bool,
     verify_updates: int | None,
+    verify_timeout: float | None,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -254,6 +273,10 @@ def run(
         host_list = _read_hosts(hostfile, hosts)
     except HostSpecError as exc:
         _fail(str(exc))
+    if timeline_events is not None and timeline_file is None:
+        _fail("--timeline-events sizes the timeline: give --timeline FILE too")
+    if verify_timeout is not None and not (verify or verify_updates):
+        _fail("--verify-timeout is for --verify: give --verify too")
     extra_args, mpiexec = _launch_tools(mpi_args, mpiexec_path)
     timeline_dir = None
     if timeline_file is not None:
@@ -272,7 +295,11 @@ def run(
         mpi_args=extra_args,
         export=list(exports),
         tag_ranks=tag_output or not dry_run,
-        wiring=LaunchWiring(verify_report=verify_k is not None),
+        wiring=LaunchWiring(
+            verify_report=verify_k is not None,
+            timeline_events=timeline_events if timeline_file is not None else None,
+            verify_timeout=verify_timeout if verify_k is not None else None,
+        ),
     )
     command = build_command(spec, mpiexec)
     notes = list(command.notes)

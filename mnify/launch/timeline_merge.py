@@ -235,7 +235,7 @@ def merge(timelines: Sequence[RankTimeline], size: int) -> Merged:
         if t.written > t.capacity:
             warnings.append(
                 f"rank {t.rank}: the oldest {t.written - t.capacity} events were overwritten "
-                "(raise MNIFY_TIMELINE_EVENTS to keep more)"
+                "(raise mnify run --timeline-events to keep more)"
             )
         if t.damaged:
             warnings.append(f"rank {t.rank}: {t.damaged} events did not read back whole")

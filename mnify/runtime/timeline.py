@@ -20,8 +20,8 @@ ranks give up their cores (bench/timeline.py). The kernel's page cache holds eve
 rank killed with SIGKILL leaves its completed events and the collective it was in (open, its
 buckets lost); a rank that hangs leaves everything up to the watchdog's timeout, whose error
 closes the event it was in.
-When the ring is full the oldest events are overwritten (``MNIFY_TIMELINE_EVENTS``, default
-131072 per rank, 96 bytes each; the file is sparse).
+When the ring is full the oldest events are overwritten (``mnify run --timeline-events``,
+default 131072 per rank, 96 bytes each; the file is sparse).
 
 How the events reach the recorder, without touching the hot paths when recording is off:
 :func:`attach`, called once by every communicator's constructor, agrees with the other ranks
@@ -62,7 +62,7 @@ from mnify import environment
 from mnify.runtime import observers
 from mnify.runtime.observers import Observer, payload_bytes
 
-DEFAULT_EVENTS: int = environment.TIMELINE_EVENTS.default
+DEFAULT_EVENTS: int = 1 << 17
 
 MAGIC = int.from_bytes(b"MNTL", "little")
 VERSION = 1
@@ -124,7 +124,8 @@ def enabled() -> bool:
 
 
 def capacity_from_env() -> int:
-    return max(16, environment.TIMELINE_EVENTS.read())
+    """The ring's size: ``mnify run --timeline-events`` (in ``MNIFY_LAUNCH``), else the default."""
+    return environment.LAUNCH.read().timeline_events or DEFAULT_EVENTS
 
 
 def rank_file(directory: str | os.PathLike[str], rank: int) -> Path:

@@ -50,7 +50,6 @@ def test_a_switch_is_on_off_or_auto() -> None:
         (environment.WATCHDOG_TIMEOUT, "", None),
         (environment.EXIT_BARRIER, "0", 0.0),
         (environment.EXIT_BARRIER, "", 60.0),
-        (environment.TIMELINE_EVENTS, "64", 64),
         (environment.VERIFY, "", 0),
         (environment.VERIFY, "5", 5),
         (environment.TIMELINE, " /tmp/tl ", "/tmp/tl"),
@@ -107,15 +106,33 @@ def test_mnify_run_and_scale_refuse_a_bad_value_before_starting_a_rank(tmp_path:
 
 def test_the_launch_wiring_round_trips_and_refuses_what_it_does_not_know() -> None:
     wiring = LaunchWiring(
-        rank_state_dir="/tmp/s", rank_state_host="h0", verify_report=True, scale_updates=7
-    )
+        rank_state_dir="/tmp/s", rank_state_host="h0", verify_report=True, scale_updates=7,
+        timeline_events=64, verify_timeout=2.5,
+    )  # fmt: skip
     assert LaunchWiring.from_text(wiring.to_text()) == wiring
     assert LaunchWiring().to_text() == "{}"
     assert environment.LAUNCH.read({"MNIFY_LAUNCH": wiring.to_text()}) == wiring
     for bad in ('{"rank_state": "/x"}', '{"scale_updates": 0}', '{"scale_updates": true}',
-                '{"verify_report": 1}', "[1]"):  # fmt: skip
+                '{"verify_report": 1}', "[1]", '{"timeline_events": 8}',
+                '{"timeline_events": 64.0}', '{"verify_timeout": 0.5}',
+                '{"verify_timeout": true}'):  # fmt: skip
         with pytest.raises(BadValue, match="^MNIFY_LAUNCH must be"):
             environment.LAUNCH.read({"MNIFY_LAUNCH": bad})
+
+
+def test_the_timeline_ring_and_the_verify_stop_follow_the_wiring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mnify.runtime import timeline
+    from mnify.runtime.verify import session
+
+    monkeypatch.delenv("MNIFY_LAUNCH", raising=False)
+    assert timeline.capacity_from_env() == timeline.DEFAULT_EVENTS == 1 << 17
+    assert session._timeout() == session.DEFAULT_TIMEOUT
+    monkeypatch.setenv("MNIFY_LAUNCH", '{"timeline_events": 64, "verify_timeout": 7}')
+    assert timeline.capacity_from_env() == 64
+    assert session._timeout() == 7.0
+    assert LaunchWiring.from_text('{"verify_timeout": 7}').verify_timeout == 7
 
 
 def test_values_are_read_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:

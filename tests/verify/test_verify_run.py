@@ -174,3 +174,33 @@ def test_channel_parallel_run_is_judged_as_model_parallel(tmp_path: Path) -> Non
         "channel-parallel link /predictor/conv1",
     ]
     assert verify["per_rank_batch"] == {"0": 8, "1": 8} and verify["global_batch"] == 8
+
+
+def test_ranks_that_never_reach_the_stop_end_the_job_after_verify_timeout(
+    tmp_path: Path,
+) -> None:
+    began = time.monotonic()
+    proc = _mnify(
+        tmp_path, "-n", "2", "--verify", "--verify-timeout", "3",
+        str(SCRIPTS / "uneven_updates.py"),
+    )  # fmt: skip
+    took = time.monotonic() - began
+    assert proc.returncode != 0, proc.stderr
+    assert "verify: rank 1 did not reach the stop after update 3 within 3 s" in proc.stderr
+    assert took < BOUND + 60, f"took {took:.0f} s; the script idles 120 s"
+
+
+def test_verify_timeout_and_timeline_events_need_their_feature(tmp_path: Path) -> None:
+    script = str(SCRIPTS / "uneven_updates.py")
+    alone = _mnify(tmp_path, "-n", "2", "--verify-timeout", "3", script)
+    assert alone.returncode == 2
+    assert "--verify-timeout is for --verify" in alone.stderr
+    events = _mnify(tmp_path, "-n", "2", "--timeline-events", "64", script)
+    assert events.returncode == 2
+    assert "--timeline-events sizes the timeline: give --timeline FILE too" in events.stderr
+    wired = _mnify(
+        tmp_path, "-n", "2", "--dry-run", "--timeline", str(tmp_path / "t.json"),
+        "--timeline-events", "64", "--verify", "--verify-timeout", "5", script,
+    )  # fmt: skip
+    assert wired.returncode == 0, wired.stderr
+    assert '"timeline_events": 64' in wired.stdout and '"verify_timeout": 5.0' in wired.stdout

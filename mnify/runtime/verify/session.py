@@ -195,18 +195,28 @@ def _multi_node_iterator_alive() -> bool:
     return any(isinstance(o, cls) for o in gc.get_objects())
 
 
+DEFAULT_TIMEOUT = 120.0
+"""Seconds rank 0 waits at the stop for a rank, unless ``mnify run --verify-timeout`` says."""
+_timeout_given: float | None = None
+
+
 def _timeout() -> float:
-    """Seconds from ``MNIFY_VERIFY_TIMEOUT`` (at least 1); read at the stop, so a bad value is
-    said and the default used rather than failing the stop itself."""
-    return max(1.0, environment.VERIFY_TIMEOUT.read_or_default())
+    """``start``'s timeout, else ``mnify run --verify-timeout`` (in ``MNIFY_LAUNCH``), else
+    :data:`DEFAULT_TIMEOUT`."""
+    if _timeout_given is not None:
+        return _timeout_given
+    return environment.LAUNCH.read_or_default().verify_timeout or DEFAULT_TIMEOUT
 
 
 _session: VerifySession | None = None
 
 
-def start(updates: int) -> VerifySession:
-    """Begin verifying (collective over COMM_WORLD: every rank calls it); once per process."""
-    global _session
+def start(updates: int, timeout: float | None = None) -> VerifySession:
+    """Begin verifying (collective over COMM_WORLD: every rank calls it); once per process.
+    ``timeout``: seconds rank 0 waits at the stop for a rank (at least 1)."""
+    global _session, _timeout_given
+    if timeout is not None:
+        _timeout_given = max(1.0, timeout)
     if _session is None:
         _session = VerifySession(updates)
         _session.begin()
