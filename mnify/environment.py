@@ -136,6 +136,10 @@ class Variable(Generic[T]):
             return self.default
 
 
+# the smallest value each numeric key of MNIFY_LAUNCH takes
+_LEAST: dict[str, int] = {"scale_updates": 1, "timeline_events": 16, "verify_timeout": 1}
+
+
 @dataclass(frozen=True)
 class LaunchWiring:
     """What ``mnify run`` and ``mnify scale`` tell their ranks, as ``MNIFY_LAUNCH`` (JSON).
@@ -182,20 +186,12 @@ class LaunchWiring:
                 raise BadValue(f"unknown key {key!r}")
             wanted = types[key]
             # bool is an int in Python, not in JSON: true is no number; 120 is a float of seconds
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            fits = (
-                number
-                if wanted is float
-                else isinstance(value, wanted) and not (wanted is int and isinstance(value, bool))
-            )
-            if not fits:
+            kinds = (int, float) if wanted is float else (wanted,)
+            if not isinstance(value, kinds) or (wanted is not bool and isinstance(value, bool)):
                 raise BadValue(f"{key} must be {wanted.__name__}, got {value!r}")
-        if data.get("scale_updates") is not None and data["scale_updates"] < 1:
-            raise BadValue(f"scale_updates must be 1 or more, got {data['scale_updates']}")
-        if data.get("timeline_events") is not None and data["timeline_events"] < 16:
-            raise BadValue(f"timeline_events must be 16 or more, got {data['timeline_events']}")
-        if data.get("verify_timeout") is not None and data["verify_timeout"] < 1:
-            raise BadValue(f"verify_timeout must be 1 or more, got {data['verify_timeout']}")
+            least = _LEAST.get(key)
+            if least is not None and isinstance(value, (int, float)) and value < least:
+                raise BadValue(f"{key} must be {least} or more, got {value}")
         return cls(**data)
 
 

@@ -297,8 +297,8 @@ def run(
         tag_ranks=tag_output or not dry_run,
         wiring=LaunchWiring(
             verify_report=verify_k is not None,
-            timeline_events=timeline_events if timeline_file is not None else None,
-            verify_timeout=verify_timeout if verify_k is not None else None,
+            timeline_events=timeline_events,
+            verify_timeout=verify_timeout,
         ),
     )
     command = build_command(spec, mpiexec)

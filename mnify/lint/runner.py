@@ -148,7 +148,6 @@ def lint_wrapper(
     ctx = LintContext(path, wrapper.resolve(QualifiedNameProvider))
     ctx.external_collectives = external_collectives or {}
     ctx.assume = assume
-    ctx.project = project if project is not None else ProjectUses.of_sources([text])
     active = [rule(ctx) for rule in rules]
     wrapper.module.visit(_Walker(ctx, active))
     findings: list[tuple[Rule, Finding]] = []
@@ -158,6 +157,8 @@ def lint_wrapper(
             findings.extend((rule, finding) for finding in rule.findings)
     if not findings:
         return []
+    # read only now: most files have no finding to answer, and reading the program costs a parse
+    ctx.project = project if project is not None else ProjectUses.of_sources([text])
     positions = wrapper.resolve(PositionProvider)
     spans = [(positions[f].start.line, positions[f].end.line, f.name.value) for f in ctx.functions]
     diagnostics = set()
