@@ -20,7 +20,6 @@ from libcst.metadata import MetadataWrapper
 from mnify.converter import reconcile
 from mnify.converter.steps import load_rewrites
 from mnify.lint.runner import project_collectives
-from mnify.program.facts import FactCollector
 from mnify.program.noqa import parse_suppressions
 from mnify.rewrites import (
     call_sites,
@@ -154,13 +153,13 @@ def _analyse(
     options: ConvertOptions,
     collective_callees: frozenset[str],
 ) -> FileContext | None:
-    """Resolve names once and collect the file's facts; None (the file is handed back as it is)
+    """Resolve names once and build the file's program in one walk (its facts, and the fixable
+    hazards' findings that ``_detect`` reads); None (the file is handed back as it is)
     for a file that is distributed already, unless the options say to convert it anyway."""
     path, source = result.path, result.source
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    collector = FactCollector()
-    wrapper.visit(collector)
-    ctx = FileContext(path, module_name(path), source, wrapper, module, collector.facts, options)
+    program = reconcile.walk_input(wrapper, path, options)
+    ctx = FileContext(path, module_name(path), source, program, options)
     ctx.collective_callees = collective_callees
     why = distributed.reason(ctx) if options.leave_distributed else None
     if why is None:
@@ -172,7 +171,8 @@ def _analyse(
 
 
 def _detect(ctx: FileContext) -> None:
-    """What lint finds in the input, for the report's by-rule count (``reconcile``)."""
+    """What the input's hazards found in the program's walk, for the report's by-rule count
+    (``reconcile``)."""
     reconcile.lint_input(ctx)
 
 

@@ -15,11 +15,21 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 
+from libcst.metadata import MetadataWrapper
+
 from mnify.converter.steps import fixable_codes
 from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
-from mnify.lint.registry import ALL_RULES
-from mnify.lint.runner import lint_source, lint_wrapper, parse_project, project_collectives
+from mnify.lint.registry import ALL_RULES, select_rules
+from mnify.lint.runner import (
+    diagnose,
+    lint_source,
+    lint_wrapper,
+    parse_project,
+    project_collectives,
+)
+from mnify.program.noqa import parse_suppressions
 from mnify.program.project import ProjectUses
+from mnify.program.walk import FileProgram, walk_program
 from mnify.rewrites import loops
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.input_lines import input_line
@@ -38,22 +48,23 @@ def _assumed(options: ConvertOptions) -> str:
     return "data" if options.data_parallel else "model"
 
 
-def lint_input(ctx: FileContext) -> None:
-    """What ``mnify lint`` finds in the input read as the distributed program it is to become:
-    the fixable rules' findings, for the report's by-rule count (the rewrites fix them).
-
-    Lint shares this file's resolved ``MetadataWrapper``, so it costs one more walk, not a
-    second name resolution. A lint failure costs a note, never the conversion.
-    """
+def walk_input(wrapper: MetadataWrapper, path: str, options: ConvertOptions) -> FileProgram:
+    """The input's program, built in its one walk with the fixable rules attached: what
+    ``mnify lint`` finds in the input read as the distributed program it is to become."""
     wanted = [code for code in fixable_codes() if code in _DEFAULT_CODES]
+    return walk_program(
+        wrapper, path, hazards=select_rules(wanted, None, None), assume=_assumed(options)
+    )
+
+
+def lint_input(ctx: FileContext) -> None:
+    """The fixable rules' findings in the input (ridden along the program's walk), for the
+    report's by-rule count (the rewrites fix them). A lint failure costs a note, never the
+    conversion."""
     try:
-        found = lint_wrapper(
-            ctx.wrapper,
-            ctx.path,
-            source=ctx.source,
-            select=wanted,
-            assume=_assumed(ctx.options),
-        )
+        if ctx.program.hazard_failure is not None:
+            raise ctx.program.hazard_failure
+        found = diagnose(ctx.program, parse_suppressions(ctx.source), source=ctx.source)
     except Exception as exc:
         ctx.entries.append(
             ReportEntry(ctx.path, 1, "lint", "info", f"lint failed on this file: {exc}")

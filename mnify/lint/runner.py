@@ -1,79 +1,22 @@
-"""Linting one file: parse once, resolve ``QualifiedNameProvider`` once, walk the tree once with
-every selected rule attached (TorchFix/Fixit style batching), then turn findings into sorted
-``Diagnostic``s. Positions are resolved only when there is something to report."""
+"""Linting one file: parse once, resolve ``QualifiedNameProvider`` once, build the file's program
+in its one walk with every selected rule attached (TorchFix/Fixit style batching,
+``mnify.program.walk``), then turn the findings into sorted ``Diagnostic``s. Positions are
+resolved only when there is something to report."""
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from mnify.hazards.rule import Finding, Rule
 from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
 from mnify.lint.registry import select_rules
-from mnify.program.context import LintContext
-from mnify.program.noqa import parse_suppressions
+from mnify.program.noqa import Suppressions, parse_suppressions
 from mnify.program.project import ProjectUses
-
-_Handler = Callable[[Any], None]
-_dispatch_cache: dict[type[Rule], tuple[dict[str, list[str]], dict[str, list[str]]]] = {}
-
-
-def _handler_names(rule: type[Rule]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """``{"Call": ["visit_Call"]}``-style tables of a rule class's visitor methods (cached)."""
-    cached = _dispatch_cache.get(rule)
-    if cached is None:
-        visits: dict[str, list[str]] = {}
-        leaves: dict[str, list[str]] = {}
-        for attribute in dir(rule):
-            if attribute.startswith("visit_"):
-                visits.setdefault(attribute[6:], []).append(attribute)
-            elif attribute.startswith("leave_"):
-                leaves.setdefault(attribute[6:], []).append(attribute)
-        cached = _dispatch_cache[rule] = (visits, leaves)
-    return cached
-
-
-class _Walker(cst.CSTVisitor):
-    """The single traversal: context first on the way down, rules, context last on the way up."""
-
-    def __init__(self, ctx: LintContext, rules: Sequence[Rule]) -> None:
-        super().__init__()
-        self._ctx = ctx
-        self._visits: dict[str, list[_Handler]] = {}
-        self._leaves: dict[str, list[_Handler]] = {}
-        for rule in rules:
-            visits, leaves = _handler_names(type(rule))
-            for node_type, methods in visits.items():
-                self._visits.setdefault(node_type, []).extend(getattr(rule, m) for m in methods)
-            for node_type, methods in leaves.items():
-                self._leaves.setdefault(node_type, []).extend(getattr(rule, m) for m in methods)
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        self._ctx.enter(node)
-        handlers = self._visits.get(type(node).__name__)
-        if handlers:
-            for handler in handlers:
-                handler(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        handlers = self._leaves.get(type(original_node).__name__)
-        if handlers:
-            for handler in handlers:
-                handler(original_node)
-        self._ctx.leave(original_node)
-
-    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        if type(node) is cst.If and (attribute == "body" or attribute == "orelse"):
-            self._ctx.enter_branch(node, attribute)  # type: ignore[arg-type]
-
-    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
-        if type(original_node) is cst.If and (attribute == "body" or attribute == "orelse"):
-            self._ctx.leave_branch(original_node)  # type: ignore[arg-type]
+from mnify.program.walk import FileProgram, walk_program
 
 
 def parse(source: str, path: str) -> cst.Module:
@@ -145,21 +88,40 @@ def lint_wrapper(
     suppressions = parse_suppressions(text)
     if suppressions.whole_file or not rules:
         return []
-    ctx = LintContext(path, wrapper.resolve(QualifiedNameProvider))
-    ctx.external_collectives = external_collectives or {}
-    ctx.assume = assume
-    active = [rule(ctx) for rule in rules]
-    wrapper.module.visit(_Walker(ctx, active))
+    program = walk_program(
+        wrapper,
+        path,
+        hazards=rules,
+        assume=assume,
+        external_collectives=external_collectives,
+    )
+    if program.hazard_failure is not None:
+        raise program.hazard_failure
+    return diagnose(program, suppressions, project=project, source=text)
+
+
+def diagnose(
+    program: FileProgram,
+    suppressions: Suppressions,
+    *,
+    project: ProjectUses | None = None,
+    source: str | None = None,
+) -> list[Diagnostic]:
+    """The sorted diagnostics of the hazards that rode ``program``'s walk: each hazard that
+    applies to the file finishes, then its findings not answered elsewhere in the program
+    (``project``; by default the file is a program of its own) nor suppressed are placed."""
+    ctx = program.context
     findings: list[tuple[Rule, Finding]] = []
-    for rule in active:
+    for rule in program.hazards:
         if rule.applies():
             rule.finish()
             findings.extend((rule, finding) for finding in rule.findings)
     if not findings:
         return []
     # read only now: most files have no finding to answer, and reading the program costs a parse
+    text = source if source is not None else program.module.code
     ctx.project = project if project is not None else ProjectUses.of_sources([text])
-    positions = wrapper.resolve(PositionProvider)
+    positions = program.wrapper.resolve(PositionProvider)
     spans = [(positions[f].start.line, positions[f].end.line, f.name.value) for f in ctx.functions]
     diagnostics = set()
     for rule, finding in findings:
@@ -173,7 +135,7 @@ def lint_wrapper(
             continue
         diagnostics.add(
             Diagnostic(
-                path=path,
+                path=program.path,
                 line=where.start.line,
                 col=where.start.column + 1,
                 code=rule.code,
@@ -222,10 +184,10 @@ def project_collectives(
     for _ in range(len(modules) + 1):  # each round can add a caller of last round's finds
         grown: dict[str, str] = {}
         for path, wrapper in modules.items():
-            ctx = LintContext(path, wrapper.resolve(QualifiedNameProvider))
-            ctx.external_collectives = found
-            rule = CollectiveOnSomeRanks(ctx)
-            wrapper.module.visit(_Walker(ctx, [rule]))
+            program = walk_program(
+                wrapper, path, hazards=[CollectiveOnSomeRanks], external_collectives=found
+            )
+            (rule,) = program.hazards
             stem = path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
             for name, what in rule.module_functions_with_collectives().items():
                 grown[f"{stem}.{name}"] = what

@@ -1,10 +1,11 @@
-"""One walk over a resolved module that records what every rewrite needs to know.
+"""The table of one file that every rewrite plans from, recorded during the program's one walk.
 
 Name resolution (libcst's ``QualifiedNameProvider``) is by far the most expensive part of a
-conversion, so it runs once per file inside one ``MetadataWrapper`` and this single visitor
-records calls (with their qualified names), assignments, functions, classes, imports and which
-block each statement sits in. The rewrites then plan their edits from these facts without
-walking the tree again.
+conversion, so it runs once per file inside one ``MetadataWrapper``, and ``FactCollector``
+records, in the walk ``mnify.program.walk`` makes, calls (with their qualified names),
+assignments, functions, classes, imports, which block each statement sits in, attribute
+reads, divisions and iteration units. The rewrites then plan their edits from these facts
+without walking the tree again.
 """
 
 from __future__ import annotations
@@ -48,6 +49,28 @@ class AssignFact:
 
 
 @dataclass(eq=False)
+class DivisionFact:
+    """``left / right`` or ``left /= right`` in a simple statement (a compound statement's
+    header is no loss), and the function it runs in."""
+
+    stmt: cst.SimpleStatementLine
+    left: cst.BaseExpression
+    right: cst.BaseExpression
+    func: cst.FunctionDef | None
+
+
+@dataclass(eq=False)
+class IterationUnitFact:
+    """Where the file counts in iterations: ``'iteration'`` given to ``call``, or an
+    ``(N, 'iteration')`` tuple (``call``: the innermost call around it, None for an assigned
+    interval); ``node`` is the call or the tuple."""
+
+    stmt: cst.BaseStatement
+    call: cst.Call | None
+    node: cst.CSTNode
+
+
+@dataclass(eq=False)
 class Block:
     """A statement list: a module body or an indented block, and the function it runs in."""
 
@@ -82,6 +105,9 @@ class Facts:
     stmt_parent: dict[int, cst.BaseStatement | None] = field(default_factory=dict)
     # statements (small ones for simple lines) and calls in visiting order, for line numbers
     stmt_order: list[cst.CSTNode] = field(default_factory=list)
+    attributes: list[cst.Attribute] = field(default_factory=list)  # every ``a.b``, imports too
+    divisions: list[DivisionFact] = field(default_factory=list)
+    iteration_units: list[IterationUnitFact] = field(default_factory=list)
 
     def parent_statement(self, stmt: cst.BaseStatement) -> cst.BaseStatement | None:
         return self.stmt_parent.get(id(stmt))
@@ -115,7 +141,7 @@ def _pick(qnames: Iterable[object]) -> str:
 
 # Nodes whose subtrees hold nothing the facts need (tokens, whitespace, literals, names,
 # imports: visit_Module reads those itself). Not descending into them makes the walk cheaper.
-_NOTHING_INSIDE: frozenset[type[cst.CSTNode]] = frozenset(
+PRUNED_BY_FACTS: frozenset[type[cst.CSTNode]] = frozenset(
     {
         cst.Name,
         cst.SimpleString,
@@ -155,7 +181,7 @@ class FactCollector(cst.CSTVisitor):
         self.facts = Facts()
         self._scopes: list[cst.FunctionDef | cst.ClassDef] = []
         self._stmts: list[cst.BaseStatement] = []
-        self._calls: list[tuple[cst.Call, str]] = []
+        self._calls: list[cst.Call] = []  # the calls around the current node
         self._arg_of: dict[int, tuple[cst.Call, str]] = {}
         self._rank0 = 0
         self._rank_test = 0
@@ -264,7 +290,9 @@ class FactCollector(cst.CSTVisitor):
         self._stmts.pop()
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if type(node) in _NOTHING_INSIDE:
+        if type(node) in PRUNED_BY_FACTS:
+            if isinstance(node, (cst.Import, cst.ImportFrom)):
+                self.facts.attributes.extend(_dotted_attributes(node))
             return False
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             if self._rank0:
@@ -315,14 +343,40 @@ class FactCollector(cst.CSTVisitor):
                 self._stmt(), tuple(target_names(node.target)), node.value, self._func(), node
             )
         )
+        if isinstance(node.operator, cst.DivideAssign):
+            self._division(node.target, node.value)
 
     def visit_For(self, node: cst.For) -> None:
         self.facts.assigns.append(
             AssignFact(node, tuple(target_names(node.target)), None, self._func(), node)
         )
 
+    # attribute reads, divisions, iteration units ------------------------------------------
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.facts.attributes.append(node)
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        if isinstance(node.operator, cst.Divide):
+            self._division(node.left, node.right)
+
+    def _division(self, left: cst.BaseExpression, right: cst.BaseExpression) -> None:
+        stmt = self._stmt()
+        if isinstance(stmt, cst.SimpleStatementLine):
+            self.facts.divisions.append(DivisionFact(stmt, left, right, self._func()))
+
+    def visit_Tuple(self, node: cst.Tuple) -> None:
+        stmt = self._stmt()
+        elements = node.elements
+        if stmt is not None and len(elements) == 2 and _is_iteration(elements[1].value):
+            call = self._calls[-1] if self._calls else None
+            self.facts.iteration_units.append(IterationUnitFact(stmt, call, node))
+
     # calls --------------------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
+        stmt = self._stmt()
+        if stmt is not None and any(_is_iteration(a.value) for a in node.args):
+            self.facts.iteration_units.append(IterationUnitFact(stmt, node, node))
+        self._calls.append(node)
         qname = _pick(self.get_metadata(QualifiedNameProvider, node.func, set()))
         parent = self._arg_of.get(id(node))
         method = receiver = None
@@ -350,3 +404,26 @@ class FactCollector(cst.CSTVisitor):
         for arg in node.args:
             if isinstance(arg.value, cst.Call):
                 self._arg_of[id(arg.value)] = (node, qname)
+
+    def leave_Call(self, original_node: cst.Call) -> None:
+        self._calls.pop()
+
+
+def _is_iteration(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == "iteration"
+
+
+def _dotted_attributes(node: cst.Import | cst.ImportFrom) -> list[cst.Attribute]:
+    """The ``a.b`` nodes of an import's dotted names (the walk does not go into imports)."""
+    if isinstance(node, cst.Import):
+        names: list[cst.BaseExpression] = [alias.name for alias in node.names]
+    else:
+        names = [node.module] if node.module is not None else []
+        if isinstance(node.names, Sequence):
+            names.extend(alias.name for alias in node.names)
+    found: list[cst.Attribute] = []
+    for name in names:
+        while isinstance(name, cst.Attribute):
+            found.append(name)
+            name = name.value
+    return found

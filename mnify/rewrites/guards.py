@@ -159,20 +159,9 @@ def _log_read_after(ctx: FileContext, call: CallFact) -> bool:
             and isinstance(n.value, cst.Name)
             and n.value.value == bound
             and n.attr.value == "log"
-            for n in _attributes(ctx.module)
+            for n in ctx.facts.attributes
         )
     return False
-
-
-def _attributes(module: cst.Module) -> list[cst.Attribute]:
-    found: list[cst.Attribute] = []
-
-    class _Collect(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            found.append(node)
-
-    module.visit(_Collect())
-    return found
 
 
 def _log_name_on_rank0(comm: str) -> Callable[[cst.CSTNode], cst.CSTNode]:

@@ -270,48 +270,6 @@ def _append_positional(extra: str, break_line: bool) -> NodeFn:
 
 
 # ----------------------------------------------------------------------- iteration schedules
-@dataclass(eq=False)
-class _IterationUse:
-    stmt: cst.BaseStatement
-    call: cst.Call | None  # the call the unit is given to (None: an assigned interval)
-    node: cst.CSTNode
-
-
-class _IterationUnits(cst.CSTVisitor):
-    """Where the file counts in iterations: ``(N, 'iteration')`` and ``'iteration'`` units."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stmts: list[cst.BaseStatement] = []
-        self.calls: list[cst.Call] = []
-        self.found: list[_IterationUse] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-            self.stmts.append(node)
-        if isinstance(node, cst.Call):
-            self.calls.append(node)
-            if any(_is_iteration(a.value) for a in node.args) and self.stmts:
-                self.found.append(_IterationUse(self.stmts[-1], node, node))
-        if isinstance(node, cst.Tuple) and self.stmts:
-            elements = node.elements
-            if len(elements) == 2 and _is_iteration(elements[1].value):
-                call = self.calls[-1] if self.calls else None
-                self.found.append(_IterationUse(self.stmts[-1], call, node))
-        return super().on_visit(node)
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-            self.stmts.pop()
-        if isinstance(original_node, cst.Call):
-            self.calls.pop()
-        super().on_leave(original_node)
-
-
-def _is_iteration(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.SimpleString) and node.evaluated_value == "iteration"
-
-
 def _extended(ctx: FileContext, call: cst.Call) -> CallFact | None:
     """For ``trainer.extend(X(...), trigger=...)``, the fact of ``X(...)``."""
     fact = ctx.facts.call_of(call)
@@ -322,12 +280,10 @@ def _extended(ctx: FileContext, call: cst.Call) -> CallFact | None:
 
 def _iteration_schedules(ctx: FileContext) -> None:
     """Weak scaling: what counts iterations now counts N times the examples per step."""
-    visitor = _IterationUnits()
-    if "iteration" in ctx.source or "Shift" in ctx.source:
-        ctx.module.visit(visitor)
+    units = ctx.facts.iteration_units if "iteration" in ctx.source or "Shift" in ctx.source else []
     seen: set[int] = set()
     per_step = "each iteration now takes comm.size times the examples (weak scaling)"
-    for use in visitor.found:
+    for use in units:
         where: cst.CSTNode = use.call if use.call is not None else use.stmt
         line = ctx.line(where)
         if line in seen or ctx.suppressed(where, _STEP):
@@ -631,54 +587,10 @@ _PASS_THROUGH = frozenset({"astype", "maximum", "max", "item", "clip", "reshape"
 _PASS_THROUGH_BUILTINS = frozenset({"builtins.max", "builtins.float", "builtins.int"})
 
 
-class _Divisions(cst.CSTVisitor):
-    """``X / d`` and ``x /= d``, with the simple statement and the function each sits in."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.funcs: list[cst.FunctionDef | None] = [None]
-        self.stmts: list[cst.SimpleStatementLine] = []
-        self.found: list[_Division] = []
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.funcs.append(node)
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        self.funcs.pop()
-
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        self.stmts.append(node)
-
-    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine) -> None:
-        self.stmts.pop()
-
-    def _add(self, left: cst.BaseExpression, right: cst.BaseExpression) -> None:
-        if self.stmts:  # a division in a compound statement's header is not a loss
-            self.found.append(_Division(self.stmts[-1], left, right, self.funcs[-1]))
-
-    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-        if isinstance(node.operator, cst.Divide):
-            self._add(node.left, node.right)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.operator, cst.DivideAssign):
-            self._add(node.target, node.value)
-
-
-@dataclass(eq=False)
-class _Division:
-    stmt: cst.SimpleStatementLine
-    left: cst.BaseExpression
-    right: cst.BaseExpression
-    func: cst.FunctionDef | None
-
-
 def _count_normalised_losses(ctx: FileContext) -> None:
     if "/" not in ctx.source or not _COUNT_HINT.search(ctx.source):
         return  # no division, or nothing that counts: skip the walk
-    visitor = _Divisions()
-    ctx.module.visit(visitor)
-    for div in visitor.found:
+    for div in ctx.facts.divisions:
         func, right = div.func, div.right
         if not _is_sum_loss(ctx, div.left, func) or not _is_count(ctx, right, func, 0):
             continue

@@ -1,5 +1,6 @@
-"""What a rewrite reads about one file: its text, tree, resolved facts and options, and what
-the project tells it, with the questions answered from them (lines, ``# noqa``, code, scopes).
+"""What a rewrite reads about one file: its text, its program (tree, resolved facts, the
+findings of the input's hazards: mnify/program/walk.py) and options, and what the project tells
+it, with the questions answered from them (lines, ``# noqa``, code, scopes).
 
 Nothing here is changed by planning: the edit plan and the report live on
 ``context.FileContext``, which extends this with the state the rewrites write. The driver sets
@@ -17,6 +18,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from mnify.program.facts import Facts
 from mnify.program.noqa import Suppressions, parse_suppressions
+from mnify.program.walk import FileProgram
 from mnify.rewrites.lines import line_table
 from mnify.rewrites.options import ConvertOptions, Spelling
 from mnify.rewrites.step_codes import step_codes
@@ -29,9 +31,7 @@ class SourceFile:
     path: str
     module_name: str
     source: str
-    wrapper: MetadataWrapper
-    module: cst.Module
-    facts: Facts
+    program: FileProgram  # the file's one walk: facts, flow context, the input's findings
     options: ConvertOptions
     # Evaluator subclasses of the other converted files: "module.Class" -> whole-set metric
     project_evaluators: dict[str, bool] = field(default_factory=dict)
@@ -44,6 +44,18 @@ class SourceFile:
     _suppressions: Suppressions | None = None
     _lines: dict[int, int] | None = None
     _quote: str | None = None
+
+    @property
+    def wrapper(self) -> MetadataWrapper:
+        return self.program.wrapper
+
+    @property
+    def module(self) -> cst.Module:
+        return self.program.module
+
+    @property
+    def facts(self) -> Facts:
+        return self.program.facts
 
     @property
     def spell(self) -> Spelling:

@@ -26,7 +26,7 @@ from libcst.metadata import MetadataWrapper
 
 from mnify.converter import ConvertOptions, convert_source, convert_sources
 from mnify.converter.driver import FileResult
-from mnify.program.facts import FactCollector
+from mnify.program.walk import walk_program
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.evaluator import (
     evaluator_classes,
@@ -301,13 +301,9 @@ def test_an_averaged_whole_set_evaluator_is_made_to_gather() -> None:
 
 
 def _context(source: str, **options: Any) -> FileContext:
-    module = cst.parse_module(source)
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    collector = FactCollector()
-    wrapper.visit(collector)
-    return FileContext(
-        "train.py", "train", source, wrapper, module, collector.facts, ConvertOptions(**options)
-    )
+    wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
+    program = walk_program(wrapper, "train.py")
+    return FileContext("train.py", "train", source, program, ConvertOptions(**options))
 
 
 def test_which_test_iterators_keep_the_whole_set() -> None:
