@@ -200,8 +200,8 @@ def _plan_project(contexts: Mapping[str, FileContext]) -> None:
 def _apply_verify_write(ctx: FileContext, result: FileResult) -> None:
     """Apply the plan, check the output, and hand it out only if the check passes."""
     new = _apply(ctx)
-    result.entries = ctx.entries
-    result.found = ctx.found
+    result.entries = ctx.report.entries
+    result.found = ctx.report.found
     if new is None:
         result.output = ctx.source
         return

@@ -66,11 +66,11 @@ def lint_input(ctx: FileContext) -> None:
             raise ctx.program.hazard_failure
         found = diagnose(ctx.program, parse_suppressions(ctx.source), source=ctx.source)
     except Exception as exc:
-        ctx.entries.append(
+        ctx.report.entries.append(
             ReportEntry(ctx.path, 1, "lint", "info", f"lint failed on this file: {exc}")
         )
         return
-    ctx.found.extend(
+    ctx.report.found.extend(
         ReportEntry(ctx.path, d.line, "lint", "info", d.message, d.code) for d in found
     )
 

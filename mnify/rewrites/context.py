@@ -18,7 +18,7 @@ import libcst as cst
 from mnify import vocabulary as vocab
 from mnify.rewrites.edits import EditPlan
 from mnify.rewrites.options import Spelling
-from mnify.rewrites.report import ReportEntry, Severity
+from mnify.rewrites.report import Claim, FileReport, ReportEntry, Severity
 from mnify.rewrites.source_file import SourceFile
 from mnify.rewrites.step_codes import step_code
 from mnify.syntax import names_in
@@ -34,10 +34,6 @@ LiftKind = Literal[
     "spatial-parallel",
     "extensions",
 ]
-# What a report entry says the output shows: ("guarded", statement) — it runs under
-# ``if comm.rank == 0:``; ("scattered", name) — the dataset reaches scatter_dataset;
-# ("rank0-loads", name) — rank 0 binds it, the others bind None.
-Claim = tuple[Literal["guarded", "scattered", "rank0-loads"], "cst.CSTNode | str"]
 
 
 @dataclass(eq=False)
@@ -76,17 +72,15 @@ class Entry:
 
 @dataclass(eq=False)
 class FileContext(SourceFile):
-    """A file being converted: the read-only :class:`SourceFile` and what the rewrites write,
-    the edit plan, the report (``entries``, ``claims``), the entry point and the work for
-    other files (``lifts``)."""
+    """A file being converted: the read-only :class:`SourceFile` and what the rewrites write:
+    the edit plan, the report (:class:`~mnify.rewrites.report.FileReport`), and the state the
+    project's other files read (the entry point, the work for other files: ``lifts``)."""
 
     plan: EditPlan = field(default_factory=EditPlan)
-    entries: list[ReportEntry] = field(default_factory=list)
-    found: list[ReportEntry] = field(default_factory=list)  # lint's findings in the input
+    report: FileReport = field(default_factory=FileReport)
     entry: Entry | None = None
     comm_needed: bool = False
     lifts: list[Lift] = field(default_factory=list)  # work for the callers of helpers/classes
-    claims: list[tuple[ReportEntry, Claim]] = field(default_factory=list)
     writing_extensions: set[str] = field(default_factory=set)  # this file's, by name
     imports_needed: set[str] = field(default_factory=set)
     # statements to insert before the communicator (the forkserver preamble)
@@ -126,9 +120,7 @@ class FileContext(SourceFile):
         entry = ReportEntry(
             self.path, line, step, severity, message, code or step_code(step), facts
         )
-        self.entries.append(entry)
-        if claim is not None:
-            self.claims.append((entry, claim))
+        self.report.add(entry, claim)
 
     def visible(self, func: cst.FunctionDef | None) -> bool:
         """Whether code in ``func`` sees the entry point's communicator without threading: in
@@ -215,9 +207,7 @@ class FileContext(SourceFile):
         if not self.plan.is_guarded(stmt):
             return
         self.plan.unguard(stmt)
-        dropped = {id(entry) for entry, (kind, subject) in self.claims if subject is stmt}
-        self.claims = [(e, c) for e, c in self.claims if id(e) not in dropped]
-        self.entries = [e for e in self.entries if id(e) not in dropped]
+        self.report.withdraw_claims_on(stmt)
 
     def before_comm_exists(self, stmt: cst.BaseStatement) -> bool:
         """``stmt`` runs before ``comm`` is bound in the same function: before the script's own

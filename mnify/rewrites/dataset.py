@@ -19,10 +19,11 @@ import libcst as cst
 from mnify import vocabulary as vocab
 from mnify.program.facts import CallFact
 from mnify.rewrites import evaluator
-from mnify.rewrites.context import Claim, FileContext
+from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import Guard, NodeFn, expression, statement
 from mnify.rewrites.iterators import dataset_arg, is_training_iterator, iterator_calls
 from mnify.rewrites.registry import rewrite
+from mnify.rewrites.report import Claim
 from mnify.syntax import assigned_in, mentions_rank, names_in, target_names
 
 

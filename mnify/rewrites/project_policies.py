@@ -30,7 +30,7 @@ def _reset(ctx: FileContext) -> None:
     ctx.comm_needed = False
     ctx.imports_needed.clear()
     ctx.preamble = []
-    ctx.claims = []
+    ctx.report.claims = []
 
 
 def leave_alone_scripts_that_do_not_train(contexts: Mapping[str, FileContext]) -> None:
@@ -46,12 +46,12 @@ def leave_alone_scripts_that_do_not_train(contexts: Mapping[str, FileContext]) -
         trains = any(
             vocab.is_optimizer(c.qname) or vocab.is_trainer(c.qname) or c.method == "update"
             for c in ctx.facts.calls
-        ) or any(e.step == "optimizer" and e.severity == "changed" for e in ctx.entries)
+        ) or any(e.step == "optimizer" and e.severity == "changed" for e in ctx.report.entries)
         if trains:
             continue
         _reset(ctx)
-        ctx.entries = [e for e in ctx.entries if e.severity == "needs-person"]
-        ctx.entries.append(
+        ctx.report.keep_only_needs_person()
+        ctx.report.entries.append(
             ReportEntry(
                 ctx.path,
                 1,
@@ -73,7 +73,7 @@ def leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> N
         ctx.options.data_parallel and ctx.options.only_codes is None for ctx in contexts.values()
     ):
         return
-    entries = [e for ctx in contexts.values() for e in ctx.entries]
+    entries = [e for ctx in contexts.values() for e in ctx.report.entries]
     if any(e.step == "optimizer" and e.severity == "changed" for e in entries):
         return
     stranded = [e for e in entries if e.step == "optimizer" and e.severity == "needs-person"]
@@ -129,9 +129,9 @@ def leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> N
         return
     for ctx in contexts.values():
         _reset(ctx)
-        ctx.entries = [e for e in ctx.entries if e.severity == "needs-person"]
+        ctx.report.keep_only_needs_person()
     first = next(iter(contexts.values()))
-    first.entries.append(
+    first.report.entries.append(
         ReportEntry(
             first.path,
             1,
@@ -167,11 +167,7 @@ def _distribute_at_run_time(
     are built by rank 0 (``rewrites.trainers``)."""
     host_ids = {id(ctx) for ctx in hosts}
     for ctx in contexts.values():
-        ctx.entries = [
-            e
-            for e in ctx.entries
-            if not (e.severity == "needs-person" and e.step in _COVERED_AT_RUN_TIME)
-        ]
+        ctx.report.drop(lambda e: e.severity == "needs-person" and e.step in _COVERED_AT_RUN_TIME)
     quiet: set[str] = set()
     if not outside:
         for ctx in contexts.values():

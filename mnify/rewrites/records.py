@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mnify.rewrites.context import Claim, FileContext
+from mnify.rewrites.context import FileContext
+from mnify.rewrites.report import Claim
 from mnify.rewrites.verify import ClaimRecord, PlanRecords, kind_name
 
 
@@ -31,7 +32,7 @@ def plan_records(ctx: FileContext) -> PlanRecords:
     for inserted in (*plan.before.values(), *plan.after.values()):
         records.inserted.extend(empty.code_for_node(stmt) for stmt in inserted)
     records.claims.extend(
-        _claim_record(ctx, entry.line, entry.message, claim) for entry, claim in ctx.claims
+        _claim_record(ctx, entry.line, entry.message, claim) for entry, claim in ctx.report.claims
     )
     return records
 

@@ -8,8 +8,12 @@ skipped silently.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import libcst as cst
 
 Severity = Literal["needs-person", "changed", "info"]
 
@@ -36,6 +40,42 @@ class ReportEntry:
     def render(self) -> str:
         code = f" {self.code}" if self.code else ""
         return f"{self.path}:{self.line}:{code} [{self.step}] {self.message}"
+
+
+# What a report entry says the output shows: ("guarded", statement) — it runs under
+# ``if comm.rank == 0:``; ("scattered", name) — the dataset reaches scatter_dataset;
+# ("rank0-loads", name) — rank 0 binds it, the others bind None.
+Claim = tuple[Literal["guarded", "scattered", "rank0-loads"], "cst.CSTNode | str"]
+
+
+@dataclass(eq=False)
+class FileReport:
+    """One file's report while it is converted, apart from its edit plan: the entries, what
+    lint found in the input (``found``, the by-rule count) and the ``claims`` some entries make
+    about the output, which the driver checks before the output is handed out."""
+
+    entries: list[ReportEntry] = field(default_factory=list)
+    found: list[ReportEntry] = field(default_factory=list)
+    claims: list[tuple[ReportEntry, Claim]] = field(default_factory=list)
+
+    def add(self, entry: ReportEntry, claim: Claim | None = None) -> None:
+        self.entries.append(entry)
+        if claim is not None:
+            self.claims.append((entry, claim))
+
+    def drop(self, unwanted: Callable[[ReportEntry], bool]) -> None:
+        """Remove the entries ``unwanted`` picks (their claims stay: the plan still holds)."""
+        self.entries = [e for e in self.entries if not unwanted(e)]
+
+    def keep_only_needs_person(self) -> None:
+        """What a file whose planned edits were all forgotten still reports."""
+        self.drop(lambda e: e.severity != "needs-person")
+
+    def withdraw_claims_on(self, subject: object) -> None:
+        """Take back the entries claiming something of ``subject``, and their claims."""
+        dropped = {id(entry) for entry, (_kind, about) in self.claims if about is subject}
+        self.claims = [(e, c) for e, c in self.claims if id(e) not in dropped]
+        self.entries = [e for e in self.entries if id(e) not in dropped]
 
 
 @dataclass

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import partial
 
 import libcst as cst
 
@@ -121,7 +122,7 @@ def plan_host(ctx: FileContext, where: str) -> None:
     ctx.distribute_trainers = True
     line = f"{ctx.runtime.top(FUNCTION)}({entry.comm})"
     where_line = entry.anchor or entry.top_of
-    ctx.entries.append(
+    ctx.report.entries.append(
         ReportEntry(
             ctx.path,
             ctx.line(where_line) if where_line is not None else 1,
@@ -132,7 +133,7 @@ def plan_host(ctx: FileContext, where: str) -> None:
             CODE,
         )
     )
-    ctx.entries.append(
+    ctx.report.entries.append(
         ReportEntry(
             ctx.path, 1, STEP, "needs-person", f"run-time distribution: {DOES_NOT_COVER}", CODE
         )
@@ -249,11 +250,7 @@ def _plan_rank0_calls(
         ):
             continue
         line = ctx.line(call.node)
-        ctx.entries = [
-            e
-            for e in ctx.entries
-            if not (e.step == "rank0-guard" and e.severity == "needs-person" and e.line == line)
-        ]
+        ctx.report.drop(partial(_guard_note_on_line, line=line))
         fetched[id(helper)] = helper
         ctx.plan.guard_stmt(stmt, Guard("rank0"))
         ctx.note(
@@ -358,20 +355,18 @@ def _under_guard(ctx: FileContext, stmt: cst.BaseStatement | None) -> bool:
 def drop_answered_print_notes(ctx: FileContext, quiet: set[str]) -> None:
     """The rank-0 guard's note that a helper prints on every rank, for helpers whose prints
     are now inside a cache that rank 0 builds."""
-    ctx.entries = [
-        e
-        for e in ctx.entries
-        if not (
+    ctx.report.drop(
+        lambda e: (
             e.severity == "needs-person"
             and e.step == "rank0-guard"
             and any(e.message.startswith(f"{name} writes (print) ") for name in quiet)
         )
-    ]
+    )
 
 
 def report_unreachable_caches(ctx: FileContext) -> None:
     """Training and its caches in code that is not converted: nothing here can change them."""
-    ctx.entries.append(
+    ctx.report.entries.append(
         ReportEntry(
             ctx.path,
             1,
@@ -383,3 +378,8 @@ def report_unreachable_caches(ctx: FileContext) -> None:
             CODE,
         )
     )
+
+
+def _guard_note_on_line(entry: ReportEntry, line: int) -> bool:
+    """The rank-0 guard's needs-a-person note at ``line`` (a guard now planned answers it)."""
+    return entry.step == "rank0-guard" and entry.severity == "needs-person" and entry.line == line
