@@ -1,7 +1,8 @@
 """The rule base class: one hazard, its stable code, its documentation and its detection logic.
 
-A rule declares visitor methods named like libcst's (``visit_Call``, ``leave_If`` ...); the runner
-calls them during its single walk of the file, after ``LintContext`` has seen the node. Findings
+A rule declares visitor methods named like libcst's (``visit_Call``, ``leave_If`` ...); they ride
+the program's one walk of the file (mnify/program/walk.py), after ``LintContext`` has seen the
+node. Findings
 are collected with ``report`` and become diagnostics only if the script turns out to be the kind
 the rule ``applies_to`` (a rule cannot know a file is distributed before the walk ends), after
 ``finish`` has run for rules that decide at the end of the file.

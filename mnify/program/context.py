@@ -1,6 +1,6 @@
 """What every rule needs to know about the script being linted, computed once per file.
 
-``LintContext`` follows the single traversal the runner makes (the runner calls ``enter`` before
+``LintContext`` follows the program's one walk (mnify/program/walk.py calls ``enter`` before
 the rules see a node and ``leave`` after them). It answers, at any point of that walk:
 what a name resolves to (through one shared ``QualifiedNameProvider`` resolution), what kind of
 value a variable holds (communicator, multi-node optimizer, device, global rank ...), whether the

@@ -1,7 +1,7 @@
 """Where the walk is in a script being linted: frames (module, functions, loops), the ``if``
 branches around the current node, and whether it runs on only some ranks (inside a
 rank-conditional ``if``, or after an early ``return``/``continue``/``break``/``sys.exit`` under
-one). The runner calls ``enter`` before the rules see a node and ``leave`` after them.
+one). The program's walk calls ``enter`` before the rules see a node and ``leave`` after them.
 
 The position half of ``LintContext`` (``meaning`` is the other); it records bindings as the
 walk passes assignments.
@@ -53,7 +53,7 @@ class FlowPosition(ExpressionMeaning):
         for frame in reversed(self.frames):
             if frame.kind != "loop":
                 return frame
-        raise RuntimeError("no module frame")  # the runner always enters the Module first
+        raise RuntimeError("no module frame")  # the walk always enters the Module first
 
     @property
     def scope_node(self) -> cst.CSTNode:
