@@ -106,14 +106,13 @@ def test_the_walk_records_divisions_iteration_units_and_attribute_reads() -> Non
     assert {"chainer.training.extensions", "chainer.training", "report.log"} <= dotted
 
 
-class _Broken(Rule):
+class _TestHazard(Rule):
     code = "MN999"
-    name = "broken"
+    name = "test-hazard"
     summary = why = bad = good = "x"
 
-    def __init__(self, ctx: LintContext) -> None:
-        super().__init__(ctx)
 
+class _Broken(_TestHazard):
     def visit_Call(self, node: cst.Call) -> None:
         raise RuntimeError("a hazard's bug")
 
@@ -128,12 +127,8 @@ def test_a_failing_hazard_costs_the_hazards_not_the_facts() -> None:
     assert broken.context.is_training_script
 
 
-class _NameReader(Rule):
+class _NameReader(_TestHazard):
     """A hazard reading names: the walk must go into the subtrees the facts skip for it."""
-
-    code = "MN998"
-    name = "name-reader"
-    summary = why = bad = good = "x"
 
     def __init__(self, ctx: LintContext) -> None:
         super().__init__(ctx)
