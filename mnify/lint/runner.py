@@ -94,6 +94,7 @@ def lint_wrapper(
         hazards=rules,
         assume=assume,
         external_collectives=external_collectives,
+        facts=False,
     )
     if program.hazard_failure is not None:
         raise program.hazard_failure
@@ -185,7 +186,11 @@ def project_collectives(
         grown: dict[str, str] = {}
         for path, wrapper in modules.items():
             program = walk_program(
-                wrapper, path, hazards=[CollectiveOnSomeRanks], external_collectives=found
+                wrapper,
+                path,
+                hazards=[CollectiveOnSomeRanks],
+                external_collectives=found,
+                facts=False,
             )
             (rule,) = program.hazards
             stem = path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")

@@ -40,7 +40,7 @@ class FileProgram:
 
     path: str
     wrapper: MetadataWrapper
-    facts: Facts
+    recorded_facts: Facts | None  # None: walked for detection only (lint)
     context: LintContext
     hazards: list[Any] = field(default_factory=list)
     # a hazard's visitor raised: the walk finished the facts and context without the hazards
@@ -50,6 +50,12 @@ class FileProgram:
     def module(self) -> cst.Module:
         return self.wrapper.module
 
+    @property
+    def facts(self) -> Facts:
+        if self.recorded_facts is None:
+            raise RuntimeError(f"{self.path} was walked for detection only, without its facts")
+        return self.recorded_facts
+
 
 def walk_program(
     wrapper: MetadataWrapper,
@@ -58,20 +64,26 @@ def walk_program(
     hazards: Sequence[Callable[[LintContext], Any]] = (),
     assume: str | None = None,
     external_collectives: Mapping[str, str] | None = None,
+    facts: bool = True,
 ) -> FileProgram:
     """Walk ``wrapper``'s module once (one ``QualifiedNameProvider`` resolution, reused if the
     wrapper already has it) and return its model with ``hazards`` (classes or factories taking
     the context) built and run on the way. ``assume`` and ``external_collectives``: see
-    :class:`~mnify.program.context.LintContext`."""
+    :class:`~mnify.program.context.LintContext`. ``facts=False`` leaves the facts table out
+    (lint plans no edit; recording it would cost every lint run about a twentieth)."""
     context = LintContext(path, wrapper.resolve(QualifiedNameProvider))
     context.external_collectives = external_collectives or {}
     context.assume = assume
     attached = [make(context) for make in hazards]
-    collector = FactCollector()
+    collector = FactCollector() if facts else None
     walk = _ProgramWalk(collector, context, attached)
-    with collector.resolve(wrapper):
+    if collector is None:
         wrapper.module.visit(walk)
-    return FileProgram(path, wrapper, collector.facts, context, attached, walk.hazard_failure)
+    else:
+        with collector.resolve(wrapper):
+            wrapper.module.visit(walk)
+    recorded = collector.facts if collector is not None else None
+    return FileProgram(path, wrapper, recorded, context, attached, walk.hazard_failure)
 
 
 def _handler_names(hazard: type) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -92,7 +104,9 @@ def _handler_names(hazard: type) -> tuple[dict[str, list[str]], dict[str, list[s
 class _ProgramWalk(cst.CSTVisitor):
     """The single traversal (see the module docstring)."""
 
-    def __init__(self, collector: FactCollector, context: LintContext, hazards: Sequence[Any]):
+    def __init__(
+        self, collector: FactCollector | None, context: LintContext, hazards: Sequence[Any]
+    ):
         super().__init__()
         self._collector = collector
         self._context = context
@@ -111,25 +125,30 @@ class _ProgramWalk(cst.CSTVisitor):
         self.hazard_failure: Exception | None = None
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        descend = True
-        if self._facts_skip is None and not self._collector.on_visit(node):
-            self._facts_skip = node
-            descend = not self._may_prune
+        nothing_inside = type(node) in PRUNED_BY_FACTS
+        collector = self._collector
+        if collector is not None and self._facts_skip is None:
+            collector.on_visit(node)  # it skips exactly the PRUNED_BY_FACTS subtrees
+            if nothing_inside:
+                self._facts_skip = node
         self._context.enter(node)
         handlers = self._visits.get(type(node).__name__)
         if handlers:
             self._run(handlers, node)
-        return descend
+        return not (nothing_inside and self._may_prune)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         handlers = self._leaves.get(type(original_node).__name__)
         if handlers:
             self._run(handlers, original_node)
         self._context.leave(original_node)
+        collector = self._collector
+        if collector is None:
+            return
         if self._facts_skip is None:
-            self._collector.on_leave(original_node)
+            collector.on_leave(original_node)
         elif self._facts_skip is original_node:
-            self._collector.on_leave(original_node)
+            collector.on_leave(original_node)
             self._facts_skip = None
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:

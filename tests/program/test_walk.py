@@ -1,6 +1,6 @@
 """The program's one walk (mnify/program/walk.py): attaching hazards to the walk that records the
-facts changes neither the facts nor any hazard's findings, and a hazard that fails costs the
-hazards, not the facts the converter plans from."""
+facts changes neither the facts nor any hazard's findings (nor does leaving the facts out, as
+lint does), and a hazard that fails costs the hazards, not the facts the converter plans from."""
 
 from __future__ import annotations
 
@@ -79,6 +79,10 @@ def test_hazards_riding_the_walk_change_neither_facts_nor_findings(path: Path) -
     for rule in ALL_RULES:
         each.update(_findings(walk_program(wrapper, path.name, hazards=[rule], assume="data")))
     assert _findings(together) == each
+    detecting = walk_program(wrapper, path.name, hazards=ALL_RULES, assume="data", facts=False)
+    assert _findings(detecting) == each
+    with pytest.raises(RuntimeError, match="without its facts"):
+        assert detecting.facts is None  # raises before it compares
 
 
 def test_the_walk_records_divisions_iteration_units_and_attribute_reads() -> None:
