@@ -27,7 +27,6 @@ from mnify.lint.runner import (
     parse_project,
     project_collectives,
 )
-from mnify.program.noqa import parse_suppressions
 from mnify.program.project import ProjectUses
 from mnify.program.walk import FileProgram, walk_program
 from mnify.rewrites import loops
@@ -61,13 +60,15 @@ def lint_input(ctx: FileContext) -> None:
     """The fixable rules' findings in the input (ridden along the program's walk), for the
     report's by-rule count (the rewrites fix them). A lint failure costs a note, never the
     conversion."""
-    try:
-        if ctx.program.hazard_failure is not None:
-            raise ctx.program.hazard_failure
-        found = diagnose(ctx.program, parse_suppressions(ctx.source), source=ctx.source)
-    except Exception as exc:
+    failure = ctx.program.hazard_failure
+    if failure is None:
+        try:
+            found = diagnose(ctx.program, ctx.suppressions, source=ctx.source)
+        except Exception as exc:
+            failure = exc
+    if failure is not None:
         ctx.report.entries.append(
-            ReportEntry(ctx.path, 1, "lint", "info", f"lint failed on this file: {exc}")
+            ReportEntry(ctx.path, 1, "lint", "info", f"lint failed on this file: {failure}")
         )
         return
     ctx.report.found.extend(

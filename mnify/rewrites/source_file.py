@@ -88,19 +88,25 @@ class SourceFile:
         pos = self._positions.get(node)  # type: ignore[attr-defined]
         return int(pos.start.line) if pos is not None else 0
 
+    @property
+    def suppressions(self) -> Suppressions:
+        """The file's ``# noqa`` comments, read once for the rewrites and the input's lint."""
+        if self._suppressions is None:
+            self._suppressions = parse_suppressions(self.source)
+        return self._suppressions
+
     def suppressed(self, node: cst.CSTNode, step: str, code: str | None = None) -> bool:
         """Whether a ``# noqa`` comment keeps ``step`` (or just its rule ``code``) off the
         node's first line, or a ``# mnify: noqa: CODE`` off the whole file: read exactly as
         ``mnify lint`` reads it, with the step's rule codes and its own MN8xx code."""
-        if self._suppressions is None:
-            self._suppressions = parse_suppressions(self.source)
-        if not self._suppressions.line_codes and not self._suppressions.file_codes:
+        suppressions = self.suppressions
+        if not suppressions.line_codes and not suppressions.file_codes:
             return False
         lineno = self.line(node)
         codes = {code} if code is not None else set(step_codes(step))
         if code is not None:
             codes |= {c for c in step_codes(step) if c.startswith("MN8")}
-        return any(self._suppressions.suppresses(lineno, c) for c in codes)
+        return any(suppressions.suppresses(lineno, c) for c in codes)
 
     def reaches_collective(self, stmt: cst.BaseStatement) -> str | None:
         """The project function reaching a collective that a call inside ``stmt`` names."""
