@@ -6,6 +6,10 @@
   automatically, so ``scripts/test.sh --quick`` can leave them out without every test having to
   remember its marker, and keeps the single-process tests of the same modules; ``smoke`` marks
   the few 2-rank runs the quick tier keeps (README, "Tests").
+* Under ``--dist loadgroup`` (scripts/test.sh) every worker checks that pytest-xdist really
+  grouped the ``xdist_group`` tests: when it does not (pytest 9.2 renamed the node id attribute
+  xdist 3.8 rewrites), tests that share a cached conversion or run repeat it on every worker and
+  CI silently takes minutes longer, so the run stops at collection instead.
 """
 
 from __future__ import annotations
@@ -107,3 +111,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+def _ungrouped(item: pytest.Item) -> bool:
+    """An ``xdist_group`` test that pytest-xdist's ``--dist loadgroup`` left without its group."""
+    config = item.config
+    return (
+        bool(getattr(config.option, "loadgroup", False))
+        and hasattr(config, "workerinput")
+        and item.get_closest_marker("xdist_group") is not None
+        and "@" not in item.nodeid
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _ungrouped(item):
+        pytest.fail(
+            "pytest-xdist did not put this xdist_group test in its group under --dist loadgroup: "
+            "this pytest and pytest-xdist do not work together (pytest 9.2 renamed the node id "
+            "xdist 3.8 rewrites; pyproject.toml pins pytest below 9.2), so every worker would "
+            "repeat the work the group shares",
+            pytrace=False,
+        )
