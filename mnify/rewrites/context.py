@@ -187,6 +187,16 @@ class FileContext(SourceFile):
                 found[id(helper)] = helper
         return found
 
+    def under_rank0_guard(self, stmt: cst.BaseStatement) -> bool:
+        """The plan puts ``stmt``, or a statement of its function holding it, under
+        ``if comm.rank == 0:``."""
+        current: cst.BaseStatement | None = stmt
+        while current is not None and not isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+            if self.plan.is_guarded(current):
+                return True
+            current = self.facts.parent_statement(current)
+        return False
+
     def comm_at(self, func: cst.FunctionDef | None, why: str) -> str | None:
         """The expression naming the communicator at code inside ``func`` (None: module level),
         or None where the communicator is not in scope. No rewrite ever adds a ``comm``

@@ -7,7 +7,9 @@ then ``train = mn.scatter_dataset(train, comm, shuffle=True)`` (training data) a
 ``test = mn.scatter_dataset(test, comm)`` (evaluation data, ``repeat=False`` iterators) follow.
 When those statements also define something every rank needs later, loading stays on every rank
 (scatter still splits the data; only rank 0's copy is used) and the report says why. A dataset
-given inline (``SerialIterator(train[:100], 32)``) is scattered inline.
+given inline (``SerialIterator(train[:100], 32)``) is scattered inline. A test set read only by
+hand-written evaluation loops is not scattered: ``test = comm.bcast_obj(test)`` gives every rank
+all of it (step ``evaluator``, MN805).
 """
 
 from __future__ import annotations
@@ -36,14 +38,16 @@ class _BlockWork:
     sites: list[CallFact] = field(default_factory=list)
     firsts: dict[str, int] = field(default_factory=dict)  # name -> its first iterator's index
     unequal: set[str] = field(default_factory=set)  # scattered with force_equal_length=False
+    broadcast: set[str] = field(default_factory=set)  # whole on every rank (bcast_obj)
 
 
 def _already_scattered(ctx: FileContext, name: str) -> bool:
     """``name = scatter_dataset(name, comm)``, or sliced by ``scatter_index`` (``SubDataset(name,
-    *scatter_index(len(name), comm))``): this dataset is a shard already."""
+    *scatter_index(len(name), comm))``): this dataset is a shard already; or ``name =
+    comm.bcast_obj(name)``: every rank has it whole (a hand-evaluated test set, converted)."""
     for a in ctx.facts.assigns_of(name):
         fact = ctx.facts.call_of(a.value)
-        if fact is not None and vocab.is_scatter(fact.qname):
+        if fact is not None and (vocab.is_scatter(fact.qname) or fact.method == "bcast_obj"):
             return True
         if a.stmt is not None and any(
             vocab.is_scatter(c.qname) for c in ctx.facts.calls_by_stmt.get(id(a.stmt), [])
@@ -58,6 +62,7 @@ def plan(ctx: FileContext) -> None:
         return
     work: dict[int, _BlockWork] = {}
     unequal: set[str] = set()
+    hand_evaluated = evaluator.hand_evaluated_datasets(ctx)
     for call in iterator_calls(ctx):
         arg = dataset_arg(call.node)
         stmt = call.stmt
@@ -93,6 +98,8 @@ def plan(ctx: FileContext) -> None:
             item.first_iterator = min(item.first_iterator, index)
             item.firsts[name] = min(item.firsts.get(name, index), index)
             item.datasets[name] = item.datasets.get(name, False) or train
+            if name in hand_evaluated:
+                item.broadcast.add(name)
             item.sites.append(call)
             if not vocab.is_iterator(call.qname):
                 # BalancedSerialIterator(train, batch, train_labels): per-example arrays loaded
@@ -186,10 +193,12 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
         )
         return
     scatter = ctx.runtime.top("scatter_dataset")
-    whole = _plan_tail(ctx, item, comm)
+    whole = _plan_tail(ctx, item, comm) - item.broadcast
     for d in sorted(whole):
         # the tail reads the whole dataset: scatter it where the iterators take it instead
         for call in item.sites:
+            if call.stmt is not None and ctx.under_rank0_guard(call.stmt):
+                continue  # an iterator of the tail itself: rank 0 reads all of it there
             arg = dataset_arg(call.node)
             if arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == d:
                 value = f"{scatter}({d}, {comm}{_scatter_flags(item, d)})"
@@ -204,6 +213,7 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
             [c for c in item.sites if _site_dataset(c) in group],
             {d: item.firsts[d] for d in group},
             item.unequal & group,
+            item.broadcast & group,
         )
         _plan_group(ctx, sub, f"{n}.{k}", whole, comm, scatter)
 
@@ -286,7 +296,7 @@ def _plan_group(
     wanted = set(item.datasets)
     defs = _defining_statements(ctx, item, wanted)
     ordered = sorted(item.datasets)
-    by_index = {d for d in wanted if _transformed(ctx, d, body, defs)}
+    by_index = {d for d in wanted - item.broadcast if _transformed(ctx, d, body, defs)}
     chainer = ctx.facts.local_name_of("chainer")
     if chainer is None:
         by_index = set()
@@ -295,6 +305,8 @@ def _plan_group(
         statement(
             f"{d} = {chainer}.datasets.SubDataset({d}, *{index_of}(len({d}), {comm}))\n"
             if d in by_index
+            else f"{d} = {comm}.bcast_obj({d})\n"
+            if d in item.broadcast
             else f"{d} = {scatter}({d}, {comm}{_scatter_flags(item, d)})\n"
         )
         for d in _in_order(ordered, body, defs)
@@ -312,11 +324,16 @@ def _plan_group(
 
     def scattered(names: list[str]) -> str:
         """What the report says is done to ``names``: the function that really shards each."""
-        by_scatter = [d for d in names if d not in by_index]
+        by_scatter = [d for d in names if d not in by_index and d not in item.broadcast]
         by_slice = [d for d in names if d in by_index]
+        whole = [d for d in names if d in item.broadcast]
         parts = [f"scatter {', '.join(by_scatter)} with {scatter}"] if by_scatter else []
         if by_slice:
             parts.append(f"slice {', '.join(by_slice)} by {index_of}")
+        if whole:
+            parts.append(
+                f"hand {', '.join(whole)} whole to every rank with bcast_obj (evaluated by hand)"
+            )
         return "; ".join(parts)
 
     said = scattered(_in_order(ordered, body, defs))
@@ -373,11 +390,13 @@ def _plan_group(
             why = "a TransformDataset is built on every rank and sliced by index"
         else:
             why = "those lines also define what every rank needs"
-        shared = [d for d in ordered if d not in by_index]
+        shared = [d for d in ordered if d not in by_index and d not in item.broadcast]
         then = (
             f"rank 0's copy of {', '.join(shared)} is scattered"
             if shared
             else "each rank keeps its own slice"
+            if by_index
+            else "rank 0's copy is handed whole to every rank"
         )
         ctx.note(body[start], "dataset", "info", f"every rank loads the data ({why}); {then}")
         ctx.note(site, "dataset", "changed", said)
@@ -412,7 +431,8 @@ def _plan_group(
             claim=claim,
         )
     for name in ordered:
-        ctx.note(site, "dataset", "changed", scattered([name]), claim=("scattered", name))
+        claimed: Claim | None = None if name in item.broadcast else ("scattered", name)
+        ctx.note(site, "dataset", "changed", scattered([name]), claim=claimed)
 
 
 Unit = tuple[cst.BaseStatement, set[str]]

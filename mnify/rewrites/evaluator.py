@@ -23,6 +23,16 @@ Two kinds of evaluator, told apart here:
   the same value on every rank, as long as rank 0 alone would take, and no rank left waiting
   in a collective.
 
+A script without a Trainer evaluates in loops of its own (``for batch in test_iter:`` summing
+accuracies, inline or in a function of the file; early stopping on the result). Their
+arithmetic is the user's, so nothing can combine per-rank values generically: when every
+iterator over a dataset is ``repeat=False`` and every use of it is such a loop that updates
+nothing (:func:`hand_evaluated_datasets`), rank 0 still loads the dataset and
+``comm.bcast_obj`` hands it whole to every rank instead of scattering it. Every rank then
+computes the one-process value (so ranks that stop early stop together); the evaluation is not
+sped up. Any other use of an evaluation iterator (a library helper, ``next()``) keeps the
+scatter and goes to a person.
+
 Not under ``--model-parallel channel``: there every rank already sees the same batch.
 """
 
@@ -72,19 +82,211 @@ def _check_early_stopping(ctx: FileContext) -> None:
 
 
 def _check_hand_written_evaluation(ctx: FileContext) -> None:
-    """Without a Trainer there is no Evaluator to wrap: a loop over the scattered test set
-    measures this rank's shard only."""
+    """Without a Trainer there is no Evaluator to wrap. A loop that only evaluates gets the
+    whole test set on every rank (:func:`hand_evaluated_datasets`); any other loop over a
+    scattered test set measures this rank's shard only."""
     if any(vocab.is_trainer(c.qname) for c in ctx.facts.calls):
         return
+    whole = hand_evaluated_datasets(ctx)
     for call in iterator_calls(ctx):
-        if not is_training_iterator(call.node):
+        if is_training_iterator(call.node):
+            continue
+        if call.stmt is not None and ctx.under_rank0_guard(call.stmt):
+            continue  # after training, on rank 0, which keeps the whole dataset (dataset step)
+        uses = _iterator_uses(ctx, call)
+        if uses is not None and uses.trains():
+            continue  # a repeat=False iterator a training loop reads: its data is scattered
+        if _site_dataset_name(call) in whole:
             ctx.note(
                 call.node,
                 "evaluator",
-                "needs-person",
-                "evaluation in a hand-written loop sees only this rank's shard of the test set: "
-                "average the sums over ranks (comm.allreduce_obj) before printing them",
+                "info",
+                "evaluation in a hand-written loop: every rank evaluates the whole test set "
+                "(rank 0 loads it, bcast_obj hands it to the others), so the value is the one "
+                "process's value on every rank; this evaluation is not sped up",
             )
+            continue
+        ctx.note(
+            call.node,
+            "evaluator",
+            "needs-person",
+            "evaluation in a hand-written loop sees only this rank's shard of the test set: "
+            "average the sums over ranks (comm.allreduce_obj) before printing them",
+        )
+
+
+# ------------------------------------------------------------------ hand-written evaluation
+_TRAINING_METHODS = frozenset({"update", "backward", "cleargrads", "zerograds", "update_core"})
+"""Calls that make a loop a training loop: a loop over an iterator that calls none of them
+only reads the model."""
+
+
+def _site_dataset_name(call: CallFact) -> str | None:
+    arg = dataset_arg(call.node)
+    return arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else None
+
+
+class _IteratorUses(cst.CSTVisitor):
+    """How one function (or the module) uses an iterator variable: ``for x in it`` loops
+    (``copy.copy(it)`` too), ``it.reset()`` and passing it to a function of this file that
+    uses its parameter only so (``evaluate(model, it)``) are evaluation uses; anything else
+    (``it.next()``, a library helper) is not understood."""
+
+    def __init__(
+        self,
+        name: str,
+        assigned: set[int],
+        functions: dict[str, cst.FunctionDef],
+        depth: int = 0,
+    ) -> None:
+        self.name = name
+        self.assigned = assigned  # the Name nodes that bind it (a parameter's name too)
+        self.functions = functions  # this file's module-level functions
+        self.depth = depth
+        self.loops = 0
+        self.updates = False
+        self.understood: set[int] = set()
+        self.seen: list[cst.Name] = []
+
+    def _is_it(self, node: cst.BaseExpression) -> cst.Name | None:
+        if isinstance(node, cst.Name) and node.value == self.name:
+            return node
+        if isinstance(node, cst.Call) and len(node.args) == 1:  # copy.copy(it)
+            inner = node.args[0].value
+            if isinstance(inner, cst.Name) and inner.value == self.name:
+                return inner
+        return None
+
+    def visit_For(self, node: cst.For) -> None:
+        it = self._is_it(node.iter)
+        if it is None:
+            return
+        self.loops += 1
+        self.understood.add(id(it))
+        body = _MethodCalls()
+        node.body.visit(body)
+        self.updates = self.updates or bool(body.methods & _TRAINING_METHODS)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "reset"
+            and isinstance(func.value, cst.Name)
+            and func.value.value == self.name
+        ):
+            self.understood.add(id(func.value))
+        if isinstance(func, cst.Name) and func.value in self.functions and self.depth < 3:
+            self._follow(node, self.functions[func.value])
+
+    def _follow(self, call: cst.Call, helper: cst.FunctionDef) -> None:
+        """``evaluate(model, it)``: the helper's parameter must be used as this is."""
+        params = [*helper.params.posonly_params, *helper.params.params]
+        for i, arg in enumerate(call.args):
+            if not (isinstance(arg.value, cst.Name) and arg.value.value == self.name):
+                continue
+            if arg.star:
+                return
+            if arg.keyword is not None:
+                param = next((p for p in params if p.name.value == arg.keyword.value), None)
+            else:
+                param = params[i] if i < len(params) else None
+            if param is None:
+                return
+            inner = _IteratorUses(
+                param.name.value, {id(param.name)}, self.functions, self.depth + 1
+            )
+            helper.visit(inner)
+            if not inner.only_evaluates():
+                return
+            self.loops += inner.loops
+            self.understood.add(id(arg.value))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == self.name:
+            self.seen.append(node)
+
+    def _understood(self) -> bool:
+        return self.loops > 0 and all(
+            id(n) in self.understood or id(n) in self.assigned for n in self.seen
+        )
+
+    def only_evaluates(self) -> bool:
+        return self._understood() and not self.updates
+
+    def trains(self) -> bool:
+        """Every use is a loop over it and some loop updates: training by epochs."""
+        return self._understood() and self.updates
+
+
+class _MethodCalls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.methods: set[str] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Attribute):
+            self.methods.add(node.func.attr.value)
+
+
+def _iterator_uses(ctx: FileContext, call: CallFact) -> _IteratorUses | None:
+    """How the variable this ``repeat=False`` iterator is bound to is used, when it is bound to
+    one name and every binding of that name is such an iterator (else None)."""
+    if is_training_iterator(call.node) or call.stmt is None:
+        return None
+    bound = [a for a in ctx.facts.assigns if a.value is call.node]
+    if len(bound) != 1 or len(bound[0].targets) != 1:
+        return None
+    name = bound[0].targets[0]
+    bindings = ctx.facts.assigns_of(name)
+    if any(
+        (made := ctx.facts.call_of(b.value)) is None
+        or made.func is not call.func
+        or is_training_iterator(made.node)
+        for b in bindings
+    ):
+        return None
+    scope: cst.CSTNode = call.func if call.func is not None else ctx.module
+    names = _BindingNames(name)
+    for b in bindings:
+        b.node.visit(names)
+    uses = _IteratorUses(name, names.found, ctx.facts.module_functions)
+    scope.visit(uses)
+    return uses
+
+
+def _only_evaluates(ctx: FileContext, call: CallFact) -> bool:
+    """Every use of this iterator is a loop that updates nothing."""
+    uses = _iterator_uses(ctx, call)
+    return uses is not None and uses.only_evaluates()
+
+
+class _BindingNames(cst.CSTVisitor):
+    """The ``Name`` nodes an assignment binds ``name`` with."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.found: set[int] = set()
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        if isinstance(node.target, cst.Name) and node.target.value == self.name:
+            self.found.add(id(node.target))
+
+
+def hand_evaluated_datasets(ctx: FileContext) -> set[str]:
+    """Datasets read only by hand-written evaluation loops (a script without a Trainer): every
+    iterator over them is ``repeat=False`` and only evaluates (:func:`_only_evaluates`). Every
+    rank evaluates them whole, so the loop's own arithmetic (a mean of batch accuracies, early
+    stopping on it) gives one process's value on every rank; rank 0 loads them and hands them
+    to the others (docs/converter.md, MN805)."""
+    if not ctx.options.data_parallel or any(vocab.is_trainer(c.qname) for c in ctx.facts.calls):
+        return set()
+    verdict: dict[str, bool] = {}
+    for call in iterator_calls(ctx):
+        name = _site_dataset_name(call)
+        if name is None:
+            continue
+        verdict[name] = verdict.get(name, True) and _only_evaluates(ctx, call)
+    return {name for name, whole in verdict.items() if whole}
 
 
 # ---------------------------------------------------------------------------------- kinds

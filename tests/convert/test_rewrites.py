@@ -386,10 +386,13 @@ def main():
     ]
 
 
-def test_hand_written_evaluation_is_reported() -> None:
+def test_hand_written_evaluation_gets_the_whole_test_set() -> None:
+    """custom_loop evaluates in a loop of its own: the test set goes whole to every rank
+    (tests/convert/test_hand_evaluation.py has the cases that stay with a person)."""
     source = (FIXTURES / "custom_loop.in.py").read_text(encoding="utf-8")
     result = convert_source(source, "loop.py")
-    assert any("hand-written loop sees only this rank's shard" in m for m in people(result))
+    assert "    test = comm.bcast_obj(test)\n" in (result.output or "")
+    assert not any("hand-written loop" in m for m in people(result))
 
 
 def test_input_libcst_parses_but_python_rejects_is_an_error() -> None:
