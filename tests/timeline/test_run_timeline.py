@@ -125,13 +125,15 @@ def test_plot_draws_the_waiting_time(slow_rank_run: dict[str, Any]) -> None:
 
 
 def test_a_quiet_job_names_nobody(tmp_path: Path) -> None:
-    """The slow-rank job without its slow rank. (Every rank sleeping alike is not quieter: on a
-    loaded machine one rank's wake-ups come later, making it last ~60% of the time, ~3 ms
-    late; the rule's 5 ms floor is what keeps such a job quiet.)"""
+    """The slow-rank job without its slow rank: every rank sleeps alike, 200 ms a step. On a
+    loaded machine one rank still comes last most of the time (its wake-ups are later, ~3 ms;
+    with compute-only steps of ~18 ms CI once saw rank 0 last at 71% of steps, 5.4 ms late,
+    just past the rule's 5 ms floor). With 200 ms steps the rule asks for 5% of the step,
+    ~10 ms, so a rank must really be slower to be named, not only scheduled later."""
     trace, summary = tmp_path / "trace.json", tmp_path / "summary.json"
     proc = mnify_run(
         "-n", "3", "--timeline", str(trace), "--summary-json", str(summary), str(TRAIN),
-        "--steps", "50", timeout=300,
+        "--steps", "40", "--slow-rank", "-2", "--sleep-ms", "200", timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     report = "\n".join(stragglers.render(stragglers.analyze(load(trace))))
