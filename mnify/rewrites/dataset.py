@@ -23,7 +23,12 @@ from mnify.program.facts import CallFact
 from mnify.rewrites import evaluator
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import Guard, NodeFn, expression, statement
-from mnify.rewrites.iterators import dataset_arg, is_training_iterator, iterator_calls
+from mnify.rewrites.iterators import (
+    dataset_arg,
+    dataset_name,
+    is_training_iterator,
+    iterator_calls,
+)
 from mnify.rewrites.registry import rewrite
 from mnify.rewrites.report import Claim
 from mnify.syntax import assigned_in, mentions_rank, names_in, target_names
@@ -210,7 +215,7 @@ def _plan_block(ctx: FileContext, item: _BlockWork, n: int) -> None:
             item.func,
             first,
             {d: item.datasets[d] for d in group},
-            [c for c in item.sites if _site_dataset(c) in group],
+            [c for c in item.sites if dataset_name(c.node) in group],
             {d: item.firsts[d] for d in group},
             item.unequal & group,
             item.broadcast & group,
@@ -260,11 +265,6 @@ def _scatter_flags(item: _BlockWork, name: str) -> str:
     if name in item.unequal:
         flags += ", force_equal_length=False"
     return flags
-
-
-def _site_dataset(call: CallFact) -> str | None:
-    arg = dataset_arg(call.node)
-    return arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else None
 
 
 def _groups(ctx: FileContext, item: _BlockWork) -> list[set[str]]:

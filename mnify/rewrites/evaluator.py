@@ -47,7 +47,12 @@ from mnify import vocabulary as vocab
 from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
-from mnify.rewrites.iterators import dataset_arg, is_training_iterator, iterator_calls
+from mnify.rewrites.iterators import (
+    dataset_arg,
+    dataset_name,
+    is_training_iterator,
+    iterator_calls,
+)
 from mnify.rewrites.registry import rewrite
 from mnify.rewrites.wrapping import wrap_call
 
@@ -96,7 +101,7 @@ def _check_hand_written_evaluation(ctx: FileContext) -> None:
         uses = _iterator_uses(ctx, call)
         if uses is not None and uses.trains():
             continue  # a repeat=False iterator a training loop reads: its data is scattered
-        if _site_dataset_name(call) in whole:
+        if dataset_name(call.node) in whole:
             ctx.note(
                 call.node,
                 "evaluator",
@@ -119,11 +124,6 @@ def _check_hand_written_evaluation(ctx: FileContext) -> None:
 _TRAINING_METHODS = frozenset({"update", "backward", "cleargrads", "zerograds", "update_core"})
 """Calls that make a loop a training loop: a loop over an iterator that calls none of them
 only reads the model."""
-
-
-def _site_dataset_name(call: CallFact) -> str | None:
-    arg = dataset_arg(call.node)
-    return arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else None
 
 
 class _IteratorUses(cst.CSTVisitor):
@@ -282,7 +282,7 @@ def hand_evaluated_datasets(ctx: FileContext) -> set[str]:
         return set()
     verdict: dict[str, bool] = {}
     for call in iterator_calls(ctx):
-        name = _site_dataset_name(call)
+        name = dataset_name(call.node)
         if name is None:
             continue
         verdict[name] = verdict.get(name, True) and _only_evaluates(ctx, call)

@@ -20,6 +20,13 @@ def dataset_arg(call: cst.Call) -> cst.Arg | None:
     return argument_node(call, 0, "dataset")
 
 
+def dataset_name(call: cst.Call) -> str | None:
+    """The name an iterator takes its dataset from (``SerialIterator(test, 32)``: ``test``), or
+    None for a dataset given as an expression."""
+    arg = dataset_arg(call)
+    return arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else None
+
+
 def is_training_iterator(call: cst.Call) -> bool:
     """False for evaluation iterators: ``repeat=False`` (keyword or third positional)."""
     repeat: cst.BaseExpression | None = None
