@@ -120,6 +120,7 @@ def plan(ctx: FileContext) -> None:
                 f"not split: the communicator is not in scope here ({label})",
             )
             continue
+        comm_name: str = comm  # narrowed here: a default argument below must not see None
         ctx.use_runtime()
         pconv = ctx.spell.links("ParallelConvolution2D")
         # Output channels are what is divided: with fewer of them than ranks, some ranks would
@@ -131,7 +132,7 @@ def plan(ctx: FileContext) -> None:
             cond = f"({cond})"  # binds looser than >=
 
         def fn(
-            node: cst.CSTNode, cond: str = cond, comm: str = comm, pconv: str = pconv
+            node: cst.CSTNode, cond: str = cond, comm: str = comm_name, pconv: str = pconv
         ) -> cst.CSTNode:
             assert isinstance(node, cst.Call)
             comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))

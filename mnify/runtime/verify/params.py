@@ -17,7 +17,7 @@ def param_digests(target: chainer.Link, skip: frozenset[str] = frozenset()) -> d
     for path, param in target.namedparams():
         if param.array is None or path in skip:
             continue
-        array = param.array
+        array: Any = param.array  # numpy or CuPy; Any keeps mypy from narrowing to numpy's
         host = array if isinstance(array, np.ndarray) else array.get()
         out[path] = zlib.crc32(np.ascontiguousarray(host).data.cast("B"))
     return out
