@@ -13,8 +13,9 @@ cd "$root"
 bash scripts/setup.sh
 # The multi-host test bed needs ip, unshare and tc (root); install them where they are missing.
 if [ -f scripts/install-testbed-deps.sh ]; then bash scripts/install-testbed-deps.sh; fi
-bin="$root/.venv/bin"
+bin="${MNIFY_VENV:-$root/.venv}/bin"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+echo "== lock (requirements/dev.lock against pyproject.toml)" && "$bin/python" scripts/lock_check.py
 echo "== ruff check" && "$bin/ruff" check mnify tests bench examples testkit
 echo "== ruff format --check" && "$bin/ruff" format --check mnify tests bench examples testkit
 echo "== mypy" && "$bin/mypy" mnify
