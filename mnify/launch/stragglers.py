@@ -16,7 +16,9 @@ does. A rank is named a straggler when
 - its mean lateness per step is at least ``max(MIN_LATE_MS, STEP_FRACTION * median step)``.
 
 The median step time is the median gap between the starts of consecutive optimizer updates of
-a rank, over all ranks; without updates only the 5 ms floor applies. On a quiet job the last
+a rank, over all ranks. A job that records no optimizer update (a loop that all-reduces by hand,
+the nnabla tutorial's style) has no steps to group by: there each complete collective is its
+own step, and the median gap between a rank's consecutive collectives is the step time. On a quiet job the last
 rank changes from one step to the next and lateness averages out near zero, so nobody is
 named; one slow rank is last nearly every step, late by about what it is slower.
 
@@ -118,6 +120,20 @@ def median_step_ms(trace: dict[str, Any]) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
+def median_collective_gap_ms(groups: list[list[Arrival]]) -> float | None:
+    """The median gap between consecutive collectives' starts on a rank, over all ranks: the
+    step time of a job without optimizer updates, where each collective is a step."""
+    starts: dict[int, list[float]] = defaultdict(list)
+    for arrivals in groups:
+        for a in arrivals:
+            starts[a.rank].append(a.ts_ms)
+    gaps = []
+    for ts in starts.values():
+        ts.sort()
+        gaps += [b - a for a, b in zip(ts, ts[1:], strict=False)]
+    return statistics.median(gaps) if gaps else None
+
+
 def analyze(
     trace: dict[str, Any],
     *,
@@ -130,6 +146,11 @@ def analyze(
     ``min_steps``: how many a rank must have taken part in to be named.
     """
     groups = [g for g in collectives(trace) if steps is None or g[0].step in steps]
+    step_ms = median_step_ms(trace)
+    if step_ms is None and groups:
+        # no optimizer update recorded: every collective is its own step
+        step_ms = median_collective_gap_ms(groups)
+        groups = [[Arrival(a.rank, a.ts_ms, k) for a in g] for k, g in enumerate(groups)]
     per_step: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     counted: dict[int, int] = defaultdict(int)
     waited: dict[int, float] = defaultdict(float)
@@ -147,7 +168,6 @@ def analyze(
         last[max(lateness, key=lambda r: lateness[r])] += 1
         for rank, ms in lateness.items():
             late[rank].append(ms)
-    step_ms = median_step_ms(trace)
     threshold = max(MIN_LATE_MS, STEP_FRACTION * step_ms) if step_ms is not None else MIN_LATE_MS
     ranks = [
         RankLateness(r, counted[r], len(values), last[r], statistics.fmean(values), waited[r])

@@ -200,3 +200,33 @@ def test_dry_run_shows_the_variable_and_creates_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert f"MNIFY_TIMELINE={trace}.ranks" in proc.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+HAND_ALLREDUCE = Path(__file__).parent / "scripts" / "hand_allreduce.py"
+
+
+@pytest.mark.parametrize(
+    ("script_args", "named"),
+    [
+        # rank 2 sleeps 40 ms more than the others before each of 60 all-reduces
+        (("--collectives", "60", "--extra-rank", "2", "--extra-ms", "40"), [2]),
+        # every rank sleeps alike (200 ms: the rule then asks for 10 ms, above wake-up noise)
+        (("--collectives", "40", "--sleep-ms", "200"), []),
+    ],
+    ids=["slow-rank", "quiet"],
+)
+def test_a_job_without_optimizer_updates(
+    tmp_path: Path, script_args: tuple[str, ...], named: list[int]
+) -> None:
+    """A hand-written loop of all-reduces records no update: each collective is a step."""
+    trace, summary = tmp_path / "trace.json", tmp_path / "summary.json"
+    proc = mnify_run(
+        "-n", "3", "--timeline", str(trace), "--summary-json", str(summary),
+        str(HAND_ALLREDUCE), *script_args, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = stragglers.analyze(load(trace))
+    rendered = "\n".join(stragglers.render(report))
+    assert [int(rank) for rank, _, _ in STRAGGLER.findall(proc.stderr)] == named, rendered
+    assert [s["rank"] for s in load(summary)["stragglers"]] == named
+    assert report.steps >= 40, rendered

@@ -168,3 +168,23 @@ def test_only_the_steps_asked_for_are_compared() -> None:
     report = st.analyze(t, steps=range(10, 15), min_steps=5)
     assert report.steps == 5 and [s.rank for s in report.stragglers] == [2]
     assert st.analyze(t, steps=range(10, 14), min_steps=5).stragglers == []
+
+
+def no_update_trace(n_ranks: int, n: int, late: dict[int, float], gap_ms: float) -> dict[str, Any]:
+    """``n`` all-reduces ``gap_ms`` apart and no optimizer update: every collective in step 0."""
+    t = trace(n_ranks, n, late, step_ms=gap_ms)
+    t["traceEvents"] = [e for e in t["traceEvents"] if e["cat"] != "update"]
+    for e in t["traceEvents"]:
+        e["args"]["step"] = 0
+    return t
+
+
+def test_without_updates_each_collective_is_a_step() -> None:
+    report = st.analyze(no_update_trace(3, 60, {2: 40.0}, gap_ms=80.0))
+    assert report.steps == 60 and report.median_step_ms == pytest.approx(80.0)
+    assert [s.rank for s in report.stragglers] == [2]
+    assert report.stragglers[0].steps == 60
+    # the median gap is the step time for the threshold: 5% of 400 ms is 20 ms
+    long_gaps = st.analyze(no_update_trace(3, 60, {2: 15.0}, gap_ms=400.0))
+    assert long_gaps.threshold_ms == pytest.approx(20.0) and long_gaps.stragglers == []
+    assert st.analyze(no_update_trace(3, 60, {}, gap_ms=80.0)).stragglers == []
