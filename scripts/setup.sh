@@ -5,7 +5,8 @@
 # the day it runs. The lock targets CPython 3.11 on Linux x86_64; elsewhere set-up says so and
 # installs from pyproject.toml's ranges. Refreshing the lock: scripts/lock.sh.
 # Chainer 7.8.1 ships only an sdist whose setup.py imports pkg_resources, which new setuptools
-# dropped: the lock pins setuptools<70 and wheel, installed first, and Chainer is built against
+# dropped: the lock pins setuptools<70, wheel and packaging (wheel's bdist_wheel needs it under
+# setuptools<70.1), installed first, and Chainer is built against
 # them without build isolation.
 #   MNIFY_VENV=DIR        where the environment goes (default .venv)
 #   MNIFY_UNLOCKED=1      install the newest versions the ranges allow instead (scripts/lock.sh)
@@ -40,9 +41,9 @@ if [ "$mode" = locked ]; then
 import re, sys
 lock, out = sys.argv[1], sys.argv[2]
 entries = re.split(r"\n(?=[A-Za-z0-9])", open(lock).read())
-tools = [e.split("\n    # via")[0] for e in entries if re.match(r"(pip|setuptools|wheel)==", e)]
-if len(tools) != 3:
-    sys.exit("mnify setup: requirements/dev.lock must pin pip, setuptools and wheel (scripts/lock.sh)")
+tools = [e.split("\n    # via")[0] for e in entries if re.match(r"(pip|setuptools|wheel|packaging)==", e)]
+if len(tools) != 4:
+    sys.exit("mnify setup: requirements/dev.lock must pin pip, setuptools, wheel and packaging (scripts/lock.sh)")
 open(out, "w").write("\n".join(tools) + "\n")
 PY
   "${pip[@]}" install --require-hashes --no-deps -r "$build"
