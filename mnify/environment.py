@@ -154,7 +154,9 @@ class LaunchWiring:
     - ``timeline_events``: ``mnify run --timeline-events``, the events each rank's timeline
       keeps (docs/timeline.md);
     - ``verify_timeout``: ``mnify run --verify-timeout``, the seconds rank 0 waits at the
-      verification stop for a rank (docs/verify.md).
+      verification stop for a rank (docs/verify.md);
+    - ``write_net_report``: rank 0 prints the write net's findings as one JSON line for the
+      launcher to render and put in ``--summary-json`` (docs/write_net.md).
     """
 
     rank_state_dir: str | None = None
@@ -163,6 +165,7 @@ class LaunchWiring:
     scale_updates: int | None = None
     timeline_events: int | None = None
     verify_timeout: float | None = None
+    write_net_report: bool = False
 
     def to_text(self) -> str:
         """The JSON the launcher sets: only the fields that are set, in a fixed order."""
@@ -180,6 +183,7 @@ class LaunchWiring:
         types: dict[str, type] = {
             "rank_state_dir": str, "rank_state_host": str, "verify_report": bool,
             "scale_updates": int, "timeline_events": int, "verify_timeout": float,
+            "write_net_report": bool,
         }  # fmt: skip
         for key, value in data.items():
             if key not in types:
@@ -216,6 +220,11 @@ VERIFY = Variable(
     "MNIFY_VERIFY", INT, 0, "user",
     "Check the first K updates for data parallelism, then stop (docs/verify.md); 0: off. "
     "`mnify run --verify` sets it.",
+)  # fmt: skip
+WRITE_NET = Variable(
+    "MNIFY_WRITE_NET", BOOL, True, "user",
+    "Every rank records the files it writes; at a normal exit rank 0 names each file two ranks "
+    "wrote, or a rank other than 0 wrote beside rank 0's files (docs/write_net.md); 0: off.",
 )  # fmt: skip
 MPIEXEC: Variable[str | None] = Variable(
     "MNIFY_MPIEXEC", PATH, None, "user",
@@ -260,12 +269,12 @@ OVERLAP = Variable(
 LAUNCH = Variable(
     "MNIFY_LAUNCH", LAUNCH_JSON, LaunchWiring(), "launcher",
     "What `mnify run` and `mnify scale` tell their ranks (rank state directory and host, "
-    "verify report, scale updates); written by the launcher only.",
+    "verify and write net reports, scale updates); written by the launcher only.",
     forwarded=False,
 )  # fmt: skip
 
 VARIABLES: tuple[Variable[Any], ...] = (
-    DEBUG, WATCHDOG_TIMEOUT, TIMELINE, VERIFY, MPIEXEC, HOSTNAME,
+    DEBUG, WATCHDOG_TIMEOUT, TIMELINE, VERIFY, WRITE_NET, MPIEXEC, HOSTNAME,
     EXIT_BARRIER, ABORT_GRACE, ABORT_FALLBACK,
     SHARED_MEMORY, SINGLE_COPY, OVERLAP,
     LAUNCH,

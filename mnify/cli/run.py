@@ -17,6 +17,7 @@ without launching anything.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -52,6 +53,8 @@ from mnify.runtime import debug
 from mnify.runtime.verify import DEFAULT_UPDATES
 from mnify.runtime.verify.report import VerifyReport
 from mnify.runtime.verify.report import render as render_verify
+from mnify.runtime.write_net import NetReport
+from mnify.runtime.write_net import render as render_write_net
 
 
 def verify_outcome(lines: list[str], updates: int) -> VerifyReport:
@@ -62,6 +65,17 @@ def verify_outcome(lines: list[str], updates: int) -> VerifyReport:
         except (ValueError, TypeError):
             continue
     return VerifyReport(updates=0)
+
+
+def write_net_outcome(lines: list[str]) -> NetReport | None:
+    """Rank 0's write net report (its last JSON line); None when none came: the net is off
+    (``MNIFY_WRITE_NET=0``), the script made no communicator, or the job did not end normally."""
+    for text in reversed(lines):
+        try:
+            return NetReport.from_data(json.loads(text))
+        except (ValueError, TypeError):
+            continue
+    return None
 
 
 def _check_environment() -> None:
@@ -299,6 +313,7 @@ def run(
             verify_report=verify_k is not None,
             timeline_events=timeline_events,
             verify_timeout=verify_timeout,
+            write_net_report=True,
         ),
     )
     command = build_command(spec, mpiexec)
@@ -374,6 +389,11 @@ def run(
         merged = timeline_merge.finish_run(timeline_file, timeline_dir, nprocs)
         timeline_lines = merged.lines
         summary["stragglers"] = merged.stragglers
+    net = write_net_outcome(result.write_net_reports)
+    summary["shared_writes"] = (
+        None if net is None else [dataclasses.asdict(w) for w in net.shared_writes]
+    )
+    net_lines = [] if net is None else render_write_net(net)
     verify_lines: list[str] = []
     if verify_k is not None:
         report = verify_outcome(result.verify_reports, verify_k)
@@ -392,7 +412,7 @@ def run(
             if not tb.shown:
                 for line in tb.lines:
                     click.echo(f"[{tb.rank}] {line}" if tag_output else line, err=True)
-        for line in timeline_lines:
+        for line in timeline_lines + net_lines:
             click.echo(line, err=True)
         if verdict.category is Category.STOPPED and not verify_lines:
             click.echo(f"mnify run: {verdict.headline}", err=True)
@@ -401,7 +421,7 @@ def run(
         sys.exit(verdict.exit_status)
     click.echo("", err=True)
     click.echo(render_text(verdict), err=True)
-    for line in verify_lines:
+    for line in net_lines + verify_lines:
         click.echo(line, err=True)
     for line in timeline_lines:
         click.echo(line, err=True)

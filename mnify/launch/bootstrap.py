@@ -13,10 +13,11 @@ killed before their tracebacks are out, so "the same error on every rank" would 
 "an error on rank 0 only". A non-zero ``sys.exit`` prints ``[mnify] rank R (host H) exited with
 status N`` instead of a traceback.
 
-It also starts :mod:`mnify.runtime.rank_state` and marks the rank as exiting when the script
-ends, whatever its status: a rank leaving while others wait in a collective is how a job hangs
-without any error, and ``mnify run`` ends such a job once it sees both. And a rank started by a
-launcher dies with it (SIGKILL as its parent-death signal, :mod:`mnify.launch.parent_death`):
+It also starts :mod:`mnify.runtime.rank_state` and :mod:`mnify.runtime.write_net` (so the files
+the script writes before it creates its communicator are seen too), and marks the rank as
+exiting when the script ends, whatever its status: a rank leaving while others wait in a
+collective is how a job hangs without any error, and ``mnify run`` ends such a job once it sees
+both. And a rank started by a launcher dies with it (SIGKILL as its parent-death signal, :mod:`mnify.launch.parent_death`):
 a SIGKILLed ``prterun`` otherwise leaves its ranks running.
 
 A stop asked for through :mod:`mnify.runtime.update_watch` (``--verify``, ``mnify scale``) ends
@@ -151,6 +152,10 @@ def main(argv: list[str]) -> None:
     if rank_state.world_rank_from_env() is not None:
         parent_death.die_with_parent(signal.SIGKILL)  # a rank never outlives its launcher
     rank_state.start()
+    if environment.WRITE_NET.read_or_default():  # record writes from the script's start
+        from mnify.runtime import write_net
+
+        write_net.start()
     if environment.VERIFY.is_set():  # mnify run --verify: watch from the script's start
         from mnify.runtime.verify import start_if_requested
 

@@ -1,5 +1,8 @@
 """Cutting the ranks' reports (tracebacks, exit statuses) out of their stderr while the job runs.
 
+Besides tracebacks it takes out the one-line JSON reports rank 0 prints for the launcher:
+``--verify``'s verdict and the write net's files that several ranks wrote (docs/write_net.md).
+
 :class:`TracebackCollector` recognises plain Python tracebacks, the runtime's
 ``[mnify] rank R (host H) failed:`` reports, the bootstrap's ``[mnify] rank R (host H) exited
 with status N`` lines and Chainer's echo of an error in its training loop (``Exception in main
@@ -28,6 +31,8 @@ _STOP_REPORT = re.compile(
 )
 # mnify.runtime.verify: rank 0's findings as one JSON line
 VERIFY_REPORT_PREFIX = "[mnify] verify report: "
+# mnify.runtime.write_net: rank 0's files that several ranks wrote, as one JSON line
+WRITE_NET_PREFIX = "[mnify] shared writes: "
 # Chainer's Trainer.run prints this, a traceback without the exception line, and LOOP_ECHO_END,
 # then finalizes its extensions and re-raises: the same error is printed again in full.
 LOOP_ECHO_START = "Exception in main training loop: "
@@ -225,6 +230,7 @@ class TracebackCollector:
         self.exits: list[RankExitReport] = []
         self.stops: list[RankStopReport] = []
         self.verify_reports: list[str] = []  # the JSON text after VERIFY_REPORT_PREFIX
+        self.write_net_reports: list[str] = []  # the JSON text after WRITE_NET_PREFIX
 
     def feed(self, rank: int, text: str, now: float = 0.0) -> list[str]:
         st = self._ranks.setdefault(rank, _RankState())
@@ -256,6 +262,9 @@ class TracebackCollector:
             return []
         if text.startswith(VERIFY_REPORT_PREFIX):
             self.verify_reports.append(text[len(VERIFY_REPORT_PREFIX) :])
+            return []
+        if text.startswith(WRITE_NET_PREFIX):
+            self.write_net_reports.append(text[len(WRITE_NET_PREFIX) :])
             return []
         header = _MNIFY_HEADER.match(text.lstrip())  # MPI_Abort may print first on the line
         if header:

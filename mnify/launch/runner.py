@@ -60,6 +60,7 @@ class JobResult:
     ranks_heard: frozenset[int] = frozenset()  # ranks that printed or published their state
     stops: list[RankStopReport] = field(default_factory=list)  # ranks stopped after an update
     verify_reports: list[str] = field(default_factory=list)  # rank 0's --verify JSON lines
+    write_net_reports: list[str] = field(default_factory=list)  # rank 0's write net JSON lines
     left_early: StrandedRanks | None = None  # a rank left while others waited (not ended by us)
     launcher_outlived_ranks: bool = False  # every rank had ended; mpiexec hung and we ended it
     launcher_signal: int | None = None  # mpiexec was killed by this signal, not by mnify run
@@ -391,6 +392,7 @@ def _run(
         ranks_heard=frozenset(pump.ranks_heard | watch.started()),
         stops=list(pump.collector.stops),
         verify_reports=list(pump.collector.verify_reports),
+        write_net_reports=list(pump.collector.write_net_reports),
         left_early=watch.first_overlap if stranded is None else None,
         launcher_outlived_ranks=launcher_outlived,
         launcher_signal=launcher_signal,

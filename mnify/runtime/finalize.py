@@ -16,6 +16,11 @@ The barrier is polled (``Test`` and short sleeps): a rank waiting in it leaves t
 ranks still working, and keeps the record ``mnify run`` reads saying "exiting" (not "waiting in
 a collective"), so a rank that left early is still named as such.
 
+What needs every rank. Once every rank is in the barrier, and only then, the callbacks given to
+:func:`when_every_rank_leaves` run on each rank with the barrier's private communicator: the
+write net (:mod:`mnify.runtime.write_net`) sends each rank's written files to rank 0 there. A
+rank that died or hangs never lets the barrier complete, so they never wait on one.
+
 Singletons. A script (or a test) that creates a communicator without mpiexec runs as a
 singleton, and Open MPI never removes a singleton's 16 MiB segment in ``/dev/shm`` or its
 session directory. At exit, before ``MPI_Finalize``, the rank unlinks both (the mapping stays
@@ -27,6 +32,7 @@ from __future__ import annotations
 import atexit
 import os
 import time
+from collections.abc import Callable
 
 from mpi4py import MPI
 
@@ -38,6 +44,13 @@ _LAUNCHED_ENVS = ("PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_SIZE")
 
 _barrier_comm: MPI.Intracomm | None = None
 _registered = False
+_after_barrier: list[Callable[[MPI.Intracomm], None]] = []
+
+
+def when_every_rank_leaves(callback: Callable[[MPI.Intracomm], None]) -> None:
+    """Run ``callback(comm)`` at exit once every rank has reached the exit barrier (``comm``:
+    the barrier's private duplicate of ``COMM_WORLD``); never when a rank did not come."""
+    _after_barrier.append(callback)
 
 
 def barrier_timeout() -> float:
@@ -79,7 +92,9 @@ def _at_exit() -> None:
     if _barrier_comm is None:
         mpi_files.remove(mpi_files.singleton_entries())
         return
-    exit_barrier(barrier_timeout())
+    if exit_barrier(barrier_timeout()):
+        for callback in _after_barrier:
+            callback(_barrier_comm)
 
 
 def exit_barrier(timeout: float) -> bool:

@@ -1,5 +1,9 @@
 """Whose code is running: the user's script, a library (the standard library, site-packages),
-or mnify's runtime. ``where`` in a finding is the user's innermost ``file:line``."""
+or mnify's runtime. ``where`` in a finding is the user's innermost ``file:line``; for a write,
+:func:`call_chain` also names the line of the entry script that led there.
+
+Shared by ``--verify`` (:mod:`mnify.runtime.verify`) and the write net
+(:mod:`mnify.runtime.write_net`), which runs on every job and so must not import verify."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import os
 import sysconfig
 from types import FrameType
 
-_MNIFY_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_MNIFY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BOOTSTRAP = os.path.join(_MNIFY_DIR, "launch", "bootstrap.py")
 _LIBRARY_DIRS = tuple(
     sorted(
@@ -63,3 +67,32 @@ def describe(frame: FrameType | None) -> str:
     except ValueError:
         pass
     return f"{name}:{frame.f_lineno}"
+
+
+def call_chain(frame: FrameType | None) -> str | None:
+    """Where a write comes from, for a person to find it: ``train.py:51 -> nets.py:77``.
+
+    The right side is the innermost frame that is not a library's (the line that called
+    ``open``, ``np.save``, ``trainer.run()``); the left side the innermost line of the entry
+    script (the file of the outermost user frame) that led there, left out when it is the same
+    frame. None when the innermost such frame is mnify's own (its files are not the script's).
+    """
+    kind, inner = innermost(frame)
+    if kind == "mnify":
+        return None
+    if inner is None:
+        return "?"
+    outermost = inner
+    walker = inner.f_back
+    while walker is not None:
+        if kind_of(walker.f_code.co_filename) == "user":
+            outermost = walker
+        walker = walker.f_back
+    entry_file = outermost.f_code.co_filename
+    # the innermost frame of the entry file: the line in main(), not the module's main() call
+    entry: FrameType | None = inner
+    while entry is not None and entry.f_code.co_filename != entry_file:
+        entry = entry.f_back
+    if entry is inner:
+        return describe(inner)
+    return f"{describe(entry)} -> {describe(inner)}"

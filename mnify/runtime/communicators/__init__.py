@@ -19,9 +19,9 @@
 Creating any communicator installs :mod:`mnify.runtime.excepthook`'s exception hook, so one rank's
 uncaught exception ends the whole job, and :mod:`mnify.runtime.finalize`'s exit barrier, so
 ranks that leave normally meet before ``MPI_Finalize`` (a singleton removes its Open MPI
-files); with ``MNIFY_VERIFY=K`` set (``mnify run --verify``) it also starts
-:mod:`mnify.runtime.verify`. Nothing here imports Chainer (verification aside); CuPy only
-when asked for.
+files), and starts :mod:`mnify.runtime.write_net` unless ``MNIFY_WRITE_NET=0``; with
+``MNIFY_VERIFY=K`` set (``mnify run --verify``) it also starts :mod:`mnify.runtime.verify`.
+Nothing here imports Chainer (verification aside); CuPy only when asked for.
 """
 
 from __future__ import annotations
@@ -124,6 +124,11 @@ def create_communicator(
         inter_host_dtype=inter_host_dtype,
     )
     finalize.install(comm)
+    if environment.WRITE_NET.read():  # files two ranks write, reported at a normal exit
+        from mnify.runtime import write_net
+
+        write_net.start()
+        write_net.report_at_exit()
     global _current
     _current = made
     if environment.VERIFY.is_set():  # mnify run --verify, or MNIFY_VERIFY=K by hand

@@ -26,7 +26,7 @@ from typing import Any
 import chainer
 import numpy as np
 
-from mnify.runtime.verify import frames
+from mnify.runtime import user_frames
 
 # bounds on what find_source hashes: a dataset that is bigger is not fingerprinted
 SOURCE_MAX_EXAMPLES = 200_000
@@ -111,12 +111,12 @@ class ExampleRecorder(chainer.LinkHook):  # type: ignore[misc]
         array = _data_array(first[0] if isinstance(first, (list, tuple)) else first)
         if array is not None:
             self.row_shapes.add((np.dtype(array.dtype).str, tuple(array.shape[1:])))
-        caller = frames.user_frame(sys._getframe(1))
+        caller = user_frames.user_frame(sys._getframe(1))
         site = (caller.f_code.co_filename, caller.f_lineno) if caller else ("?", 0)
         if site not in self._sites or len(self.calls) < 64:
             self._sites.add(site)
             self.calls.append(
-                ModelCall(frames.describe(caller), type(args.link).__name__, len(hashes))
+                ModelCall(user_frames.describe(caller), type(args.link).__name__, len(hashes))
             )
 
     def forward_postprocess(self, args: Any) -> None:
@@ -199,7 +199,7 @@ def _frame_arrays(frame: FrameType | None) -> list[tuple[str, np.ndarray]]:
     seen: set[int] = set()
     scopes: list[dict[str, Any]] = []
     while frame is not None:
-        if frames.kind_of(frame.f_code.co_filename) == "user":
+        if user_frames.kind_of(frame.f_code.co_filename) == "user":
             scopes.append(frame.f_locals)
             scopes.append(frame.f_globals)
         frame = frame.f_back

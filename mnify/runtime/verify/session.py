@@ -12,8 +12,8 @@ import numpy as np
 from mpi4py import MPI
 
 from mnify import environment
-from mnify.runtime import update_watch
-from mnify.runtime.verify import examples, frames, params
+from mnify.runtime import update_watch, user_frames
+from mnify.runtime.verify import examples, params
 from mnify.runtime.verify.judge import RankRecord, judge
 from mnify.runtime.verify.rank_writes import WriteRecorder
 from mnify.runtime.verify.report import render
@@ -100,7 +100,7 @@ class VerifySession:
         key = f"{len(self.optimizers)}:{name}"
         skip = params.channel_parallel_params(target) if target is not None else frozenset()
         reasons = params.model_parallel_reasons(target)
-        where = frames.describe(frames.user_frame(sys._getframe(3)))
+        where = user_frames.describe(user_frames.user_frame(sys._getframe(3)))
         return _Optimizer(key, name, multi_node, where, target, skip, reasons)
 
     # -- the stop ------------------------------------------------------------------------
