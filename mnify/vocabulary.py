@@ -639,3 +639,168 @@ def is_mnbn_factory(qname: str) -> bool:
 
 def is_parallel_convolution(qname: str) -> bool:
     return is_runtime_name(qname, "ParallelConvolution2D")
+
+
+# ------------------------------------------------------------------------- effects
+# The fixed effect table of mnify/program/effects.py: what calls into the libraries whose source
+# mnify never analyses do (the standard library, Chainer, NumPy, CuPy, MPI, mnify's runtime, and
+# a few large libraries whose only effects that matter here are the writers named below).
+# Every other package is read from its source on disk, lazily.
+EFFECT_TABLE_ROOTS = frozenset(
+    {
+        "chainer",
+        "chainermn",
+        "mnify",
+        "numpy",
+        "cupy",
+        "cupyx",
+        "mpi4py",
+        "matplotlib",
+        "PIL",
+        "cv2",
+        "pandas",
+        "scipy",
+        "sklearn",
+        "yaml",
+        "tqdm",
+        "six",
+        "imageio",
+        "h5py",
+        "torch",
+        "tensorflow",
+        "rdkit",
+        "networkx",
+    }
+)
+# Calls that write, create or remove files, besides FILE_WRITERS and Chainer's serializers.
+EFFECT_FILE_WRITERS = FILE_WRITERS | frozenset(
+    {
+        "os.remove",
+        "os.unlink",
+        "os.rename",
+        "os.replace",
+        "os.renames",
+        "os.symlink",
+        "os.link",
+        "os.rmdir",
+        "os.removedirs",
+        "os.truncate",
+        "shutil.move",
+        "shutil.rmtree",
+        "shutil.make_archive",
+        "shutil.copymode",
+        "shutil.copystat",
+        "shutil.copyfileobj",
+        "numpy.ndarray.tofile",
+        "pandas.DataFrame.to_csv",
+        "pandas.DataFrame.to_pickle",
+        "pandas.to_pickle",
+        "matplotlib.pyplot.imsave",
+        "PIL.Image.Image.save",
+        "urllib.request.urlretrieve",
+        "pathlib.Path.write_text",
+        "pathlib.Path.write_bytes",
+        "pathlib.Path.mkdir",
+        "pathlib.Path.touch",
+        "pathlib.Path.unlink",
+        "pathlib.Path.rename",
+        "pathlib.Path.replace",
+        "pathlib.Path.rmdir",
+        "pathlib.Path.symlink_to",
+        "tempfile.mkdtemp",
+        "tempfile.mkstemp",
+    }
+)
+# Methods that write whatever object (of a class mnify cannot see) they are called on.
+EFFECT_WRITER_METHODS = WRITER_METHODS | frozenset(
+    {"write_text", "write_bytes", "to_pickle", "to_hdf", "to_excel", "to_parquet", "tofile"}
+)
+# Chainer's extensions that write files when the trainer they are added to runs.
+EFFECT_WRITING_EXTENSIONS = REPORTING_EXTENSION_NAMES | frozenset(
+    {"snapshot", "snapshot_object", "dump_graph", "DumpGraph", "VariableStatisticsPlot"}
+)
+# Calls that change where or what Python imports (a class defined through one of these is
+# unpicklable on a rank that did not make the same change).
+EFFECT_IMPORT_CHANGERS = frozenset(
+    {
+        "sys.path.insert",
+        "sys.path.append",
+        "sys.path.extend",
+        "importlib.import_module",
+        "importlib.util.spec_from_file_location",
+        "importlib.util.module_from_spec",
+        "importlib.machinery.SourceFileLoader",
+        "imp.load_source",
+        "imp.load_module",
+        "runpy.run_path",
+        "runpy.run_module",
+        "builtins.__import__",
+        "builtins.exec",
+    }
+)
+# Receivers named like these run training when their ``update()`` / ``run()`` is called and
+# their class cannot be seen (a parameter): ``optimizer.update()``, ``trainer.run()``.
+_TRAINING_RECEIVER = re.compile(r"(^|_)(opt\w*|optimizer\w*|\w*updater)$", re.IGNORECASE)
+_TRAINER_RECEIVER = re.compile(r"trainer", re.IGNORECASE)
+
+
+def effect_of_named(qname: str) -> tuple[str, ...]:
+    """The effect kinds of calling ``qname`` (a function or class of a table library)."""
+    bare = qname.lstrip(".")
+    kinds: list[str] = []
+    if bare in EFFECT_FILE_WRITERS or is_serializer_save(bare):
+        kinds.append("writes")
+    if is_extension(bare, *EFFECT_WRITING_EXTENSIONS):
+        kinds.append("writes")
+    if bare in SUBPROCESS_CALLS:
+        kinds += ["writes", "forks"]
+    if bare in FORK_CALLS or bare in PROCESS_FACTORIES:
+        kinds.append("forks")
+    if bare in EFFECT_IMPORT_CHANGERS:
+        kinds.append("imports")
+    if is_dataset_factory(bare) and last(bare).startswith("get_"):
+        kinds.append("reads-data")
+    if is_scatter(bare) or is_multi_node_optimizer_factory(bare):
+        kinds.append("collective")
+    return tuple(dict.fromkeys(kinds))
+
+
+def effect_of_method(cls: str, method: str) -> tuple[str, ...]:
+    """The effect kinds of ``obj.method()`` for ``obj`` made by ``cls`` of a table library
+    (a class, or a factory such as ``create_multi_node_optimizer``)."""
+    bare = cls.lstrip(".")
+    kinds = list(effect_of_named(f"{bare}.{method}"))
+    name = last(bare)
+    if method == "update" and (
+        is_optimizer(bare)
+        or (under(bare, "chainer") and ("Optimizer" in name or name.endswith("Updater")))
+        or is_multi_node_optimizer_factory(bare)
+        or under(bare, "chainer.training.updaters")
+    ):
+        kinds.append("trains")
+    if method == "run" and is_trainer(bare):
+        kinds.append("trains")
+    if method in COLLECTIVE_METHODS and (
+        is_communicator_factory(bare)
+        or under(bare, "mpi4py")
+        or is_multi_node_optimizer_factory(bare)
+    ):
+        kinds.append("collective")
+    if bare in OPEN_FUNCTIONS | {"open"} and method in ("write", "writelines"):
+        kinds.append("writes")
+    return tuple(dict.fromkeys(kinds))
+
+
+def effect_of_unknown_method(receiver: str, method: str) -> tuple[str, ...]:
+    """The effect kinds of ``receiver.method()`` when the receiver's class is not known:
+    writer methods, ``optimizer.update()``, ``trainer.run()``, ``comm.bcast_obj()``."""
+    kinds: list[str] = []
+    if method in EFFECT_WRITER_METHODS:
+        kinds.append("writes")
+    if method == "update" and _TRAINING_RECEIVER.search(receiver):
+        kinds.append("trains")
+    if method == "run" and _TRAINER_RECEIVER.search(receiver):
+        kinds.append("trains")
+    if method in COLLECTIVE_METHODS and looks_like_communicator(receiver):
+        kinds.append("collective")
+    return tuple(kinds)

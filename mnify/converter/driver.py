@@ -11,6 +11,7 @@ fails gets an error and is left untouched.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from libcst.metadata import MetadataWrapper
 from mnify.converter import reconcile
 from mnify.converter.steps import load_rewrites
 from mnify.lint.runner import project_collectives
+from mnify.program.effects import ProjectEffects
 from mnify.program.noqa import parse_suppressions
 from mnify.rewrites import (
     call_sites,
@@ -56,12 +58,14 @@ def convert_sources(
     internal error for its file, which then gets no output.
     """
     options = options or ConvertOptions()
-    results = _convert_project(sources, options, progress, frozenset())
+    trees = _syntax_trees(sources)
+    effects = ProjectEffects(trees)
+    results = _convert_project(sources, options, progress, frozenset(), trees, effects)
     new = reconcile.lint_output(results, options)
     if new:
         outputs = {p: r.output for p, r in results.items() if r.output is not None}
         callees = frozenset(project_collectives(outputs))
-        results = _convert_project(sources, options, None, callees)
+        results = _convert_project(sources, options, None, callees, trees, effects)
         new = reconcile.lint_output(results, options)
     for path, finding in new.items():
         result = results[path]
@@ -77,11 +81,25 @@ def convert_source(
     return convert_sources({path: source}, options)[0]
 
 
+def _syntax_trees(sources: Mapping[str, str]) -> dict[str, ast.Module]:
+    """Each file's ``ast`` tree, parsed once: the program's effects are read from it and the
+    output is checked against it (``verify``); a file that does not parse has none."""
+    trees: dict[str, ast.Module] = {}
+    for path, source in sources.items():
+        try:
+            trees[path] = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+    return trees
+
+
 def _convert_project(
     sources: Mapping[str, str],
     options: ConvertOptions,
     progress: Callable[[str], None] | None,
     collective_callees: frozenset[str],
+    trees: Mapping[str, ast.Module],
+    effects: ProjectEffects,
 ) -> dict[str, FileResult]:
     """One pass of the pipeline over the project (see :func:`convert_sources`)."""
     results = {path: FileResult(path, source) for path, source in sources.items()}
@@ -92,6 +110,8 @@ def _convert_project(
             ctx = _analyse(result, module, options, collective_callees)
             if ctx is not None:
                 contexts[path] = ctx
+    for ctx in contexts.values():
+        ctx.effects = effects
     share_project_facts(contexts, sources)
     for path, ctx in list(contexts.items()):
         try:
@@ -109,7 +129,7 @@ def _convert_project(
             progress(path)
         result = results[path]
         try:
-            _apply_verify_write(ctx, result)
+            _apply_verify_write(ctx, result, trees.get(path))
         except Exception as exc:
             result.error = f"internal: 1: error while converting: {exc!r}"
     return results
@@ -197,7 +217,9 @@ def _plan_project(contexts: Mapping[str, FileContext]) -> None:
     apply_project_policies(contexts)
 
 
-def _apply_verify_write(ctx: FileContext, result: FileResult) -> None:
+def _apply_verify_write(
+    ctx: FileContext, result: FileResult, tree: ast.Module | None = None
+) -> None:
     """Apply the plan, check the output, and hand it out only if the check passes."""
     new = _apply(ctx)
     result.entries = ctx.report.entries
@@ -205,7 +227,7 @@ def _apply_verify_write(ctx: FileContext, result: FileResult) -> None:
     if new is None:
         result.output = ctx.source
         return
-    error = _verify(ctx, new)
+    error = _verify(ctx, new, tree)
     if error is not None:
         result.error = error
         return
@@ -223,7 +245,7 @@ def _apply(ctx: FileContext) -> str | None:
     return ctx.module.visit(ApplyEdits(ctx.plan, ctx.facts.parent_statement)).code
 
 
-def _verify(ctx: FileContext, new: str) -> str | None:
+def _verify(ctx: FileContext, new: str, tree: ast.Module | None = None) -> str | None:
     """Why the output may not be handed out, or None: it must parse, differ from the input only
     as the plan says, and bear out the report's claims (``verify``)."""
     try:
@@ -237,7 +259,7 @@ def _verify(ctx: FileContext, new: str) -> str | None:
         return f"internal: {exc.lineno or 1}:{exc.offset or 1}: output does not parse: {exc.msg}"
     try:
         records = plan_records(ctx)
-        verify.check_output(ctx.source, new, records)
+        verify.check_output(ctx.source, new, records, tree)
         verify.check_claims(new, records)
     except VerificationError as bad:
         return f"internal: {bad.line}: {bad.message}"

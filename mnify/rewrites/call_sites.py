@@ -81,7 +81,7 @@ def _subclass_lifts(ctx: FileContext, lifts: list[Lift]) -> list[Lift]:
     return found
 
 
-def _alone_on_its_line(stmt: cst.BaseStatement | None, node: cst.Call) -> bool:
+def alone_on_its_line(stmt: cst.BaseStatement | None, node: cst.Call) -> bool:
     """``node`` is the whole statement: guarding it hides no value from the other ranks."""
     return (
         isinstance(stmt, cst.SimpleStatementLine)
@@ -395,7 +395,7 @@ def _distribute_after(ctx: FileContext, call: CallFact, lift: Lift) -> None:
     )
 
 
-def _collective_argument(ctx: FileContext, call: cst.Call) -> str | None:
+def collective_argument(ctx: FileContext, call: cst.Call) -> str | None:
     """An evaluator argument: once converted, calling it is a collective, and a writing helper
     handed one may call it (``report(evaluator, epoch)``), so its call cannot run on rank 0
     alone. (Optimizers and communicators are safe to hand over: a writes-only helper never
@@ -421,7 +421,7 @@ def _collective_argument(ctx: FileContext, call: cst.Call) -> str | None:
 def _guard_call(ctx: FileContext, call: CallFact, target: cst.Call, lift: Lift) -> None:
     stmt = call.stmt
     assert stmt is not None
-    handed = _collective_argument(ctx, call.node)
+    handed = collective_argument(ctx, call.node)
     if handed is not None:
         ctx.note(
             call.node,
@@ -433,7 +433,7 @@ def _guard_call(ctx: FileContext, call: CallFact, target: cst.Call, lift: Lift) 
         )
         return
     reached = ctx.reaches_collective(stmt)
-    if not _alone_on_its_line(stmt, target) or reached is not None:
+    if not alone_on_its_line(stmt, target) or reached is not None:
         ctx.note(
             call.node,
             "rank0-guard",

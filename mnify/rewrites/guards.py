@@ -24,7 +24,7 @@ import libcst as cst
 
 from mnify import vocabulary as vocab
 from mnify.program.facts import CallFact
-from mnify.rewrites import helper_writes
+from mnify.rewrites import call_sites, helper_writes
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import Guard, expression
 from mnify.rewrites.file_handles import HandleFamily, families
@@ -438,6 +438,64 @@ def _bound_name(stmt: cst.BaseStatement) -> str:
     return small.targets[0].target.value
 
 
+# what a call must not do to be run on rank 0 alone: every rank must train, join collectives,
+# read its data and make the same import changes
+_EVERY_RANKS_EFFECTS = ("trains", "collective", "reads-data", "imports")
+
+
+def _plan_effect_writes(ctx: FileContext) -> None:
+    """A statement of the training flow that is one call of a function or method (of the
+    project or an installed package, in any module) that writes files, through whatever it
+    calls, and does nothing every rank must do (program/effects.py): rank 0's. A subprocess it
+    starts is reported at the call (MN203)."""
+    if ctx.effects is None:
+        return
+    only = ctx.options.only_codes
+    for call in ctx.facts.calls:
+        stmt = call.stmt
+        if stmt is None or not ctx.visible(call.func):
+            continue
+        effects = ctx.call_effects(call)
+        name = ctx.called_by(call)
+        forks = effects.get("forks")
+        if forks is not None and forks.via and (only is None or "MN203" in only):
+            ctx.note(
+                call.node,
+                "fork-hazard",
+                "needs-person",
+                f"{name}() starts a process ({forks.describe()}): a fork of the MPI process "
+                "(Open MPI can abort or hang); do it before the job starts, or with shutil / "
+                "pathlib in Python",
+                "MN203",
+            )
+        writes = effects.get("writes")
+        if (
+            writes is None
+            or not writes.via  # a writer called right here: the guards above judge it
+            or any(kind in effects for kind in _EVERY_RANKS_EFFECTS)
+            or not call_sites.alone_on_its_line(stmt, call.node)
+            or (only is not None and "MN402" not in only)
+        ):
+            continue
+        if ctx.on_rank0_already(stmt) or ctx.plan.is_guarded(stmt) or ctx.before_comm_exists(stmt):
+            continue
+        if ctx.suppressed(stmt, "rank0-guard", "MN402") or ctx.reaches_collective(stmt):
+            continue
+        if call_sites.collective_argument(ctx, call.node) is not None:
+            continue
+        if ctx.comm_at(call.func, "writes") is None:
+            continue
+        ctx.plan.guard_stmt(stmt, RANK0)
+        ctx.note(
+            stmt,
+            "rank0-guard",
+            "changed",
+            f"{name}() writes files ({writes.describe()}): rank 0 only",
+            "MN402",
+            claim=("guarded", stmt),
+        )
+
+
 @rewrite("rank0-guard", order=80, fixes=("MN401", "MN402", "MN902"), code="MN806")
 def plan(ctx: FileContext) -> None:
     _plan_handles(ctx)
@@ -565,3 +623,4 @@ def plan(ctx: FileContext) -> None:
                 "have every rank save its own file (a per-rank name, e.g. with comm.rank in it) "
                 "or use mn.create_multi_node_checkpointer",
             )
+    _plan_effect_writes(ctx)

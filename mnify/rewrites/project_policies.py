@@ -47,7 +47,8 @@ def leave_alone_scripts_that_do_not_train(contexts: Mapping[str, FileContext]) -
             vocab.is_optimizer(c.qname) or vocab.is_trainer(c.qname) or c.method == "update"
             for c in ctx.facts.calls
         ) or any(e.step == "optimizer" and e.severity == "changed" for e in ctx.report.entries)
-        if trains:
+        # training reached through any call, a library's helper included (program/effects.py)
+        if trains or "trains" in ctx.effects_of_scope(entry.func):
             continue
         _reset(ctx)
         ctx.report.keep_only_needs_person()

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from mnify.program.facts import Facts
+from mnify.program.effects import Effects, ProjectEffects
+from mnify.program.facts import CallFact, Facts
 from mnify.program.noqa import Suppressions, parse_suppressions
 from mnify.program.walk import FileProgram
 from mnify.rewrites.lines import line_table
@@ -40,6 +41,9 @@ class SourceFile:
     collective_callees: frozenset[str] = frozenset()
     # whether a class imported from a sibling module that is not converted uses BatchNorm
     external_bn: Callable[[str], bool] = field(default=lambda qname: False)
+    # what the program's functions do, transitively (mnify/program/effects.py); None when the
+    # file is planned on its own (lint --fix)
+    effects: ProjectEffects | None = None
     _positions: object | None = None
     _suppressions: Suppressions | None = None
     _lines: dict[int, int] | None = None
@@ -87,6 +91,29 @@ class SourceFile:
             self._positions = self.wrapper.resolve(PositionProvider)
         pos = self._positions.get(node)  # type: ignore[attr-defined]
         return int(pos.start.line) if pos is not None else 0
+
+    def call_effects(self, call: CallFact) -> Effects:
+        """What ``call`` does, through whatever it calls (empty without the program's effects)."""
+        name = self.called_by(call)
+        if self.effects is None or name is None:
+            return {}
+        line = self.line(call.node)
+        return self.effects.at_lines(self.path, line, line, name)
+
+    def called_by(self, call: CallFact) -> str | None:
+        """The name a call is made by: ``f`` of ``f(...)``, ``save`` of ``obj.save(...)``."""
+        func = call.node.func
+        if isinstance(func, cst.Attribute):
+            return func.attr.value
+        return func.value if isinstance(func, cst.Name) else None
+
+    def effects_of_scope(self, func: cst.FunctionDef | None) -> Effects:
+        """What the entry function (or the module's own code, for None) does, transitively."""
+        if self.effects is None:
+            return {}
+        if func is None:
+            return self.effects.function(self.path, "<module>")
+        return self.effects.function(self.path, func.name.value)
 
     @property
     def suppressions(self) -> Suppressions:

@@ -75,10 +75,24 @@ _TRAINING_NAME = re.compile(r"train|fit", re.IGNORECASE)
 
 
 def calls_training_elsewhere(ctx: FileContext) -> bool:
-    """The entry point calls a training function that no converted file defines here and that
-    is not Chainer's (``from segkit import run_train``)."""
+    """The entry point calls a function that trains and that no converted file defines: an
+    installed package's (``from segkit import run_train``: its source shows a Trainer run,
+    program/effects.py) or, where its source cannot be read, one named like training and not
+    Chainer's."""
     if ctx.entry is None:
         return False
+    if ctx.effects is not None:
+        for c in ctx.facts.calls:
+            if ctx.outermost_scope(c.func) is not ctx.outermost_scope(ctx.entry.func):
+                continue
+            effects = ctx.call_effects(c)
+            name = ctx.called_by(c)
+            if (
+                name is not None
+                and "trains" in effects
+                and ctx.effects.resolves_outside(ctx.path, ctx.line(c.node), name)
+            ):
+                return True
     return any(
         _TRAINING_NAME.search(vocab.last(c.qname))
         and not vocab.is_chainer_name(c.qname)

@@ -342,9 +342,13 @@ class _Checker:
             )
 
 
-def check_output(source: str, output: str, records: PlanRecords) -> None:
-    """Raise :class:`VerificationError` unless ``output`` is ``source`` changed only as planned."""
-    orig_tree = ast.parse(source)
+def check_output(
+    source: str, output: str, records: PlanRecords, orig_tree: ast.Module | None = None
+) -> None:
+    """Raise :class:`VerificationError` unless ``output`` is ``source`` changed only as planned
+    (``orig_tree``: ``source``'s syntax tree, when the caller has it already)."""
+    if orig_tree is None:
+        orig_tree = ast.parse(source)
     out_tree = ast.parse(output)
     checker = _Checker(records, orig_tree, out_tree)
     checker.block(orig_tree.body, out_tree.body, [])
