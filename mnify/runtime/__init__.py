@@ -2,10 +2,12 @@
 
 ``from mnify import runtime as mn`` gives the same names ChainerMN has
 (``mn.create_communicator``, ``mn.create_multi_node_optimizer``, ``mn.scatter_dataset``,
-``mn.links.MultiNodeBatchNormalization`` ...). Names are resolved lazily: the communicators and
-kernels never import Chainer, so a GPU machine with numpy 2 and no Chainer can still use them;
-only touching a Chainer-facing name (optimizer wrapper, links, functions, iterators, evaluator)
-imports Chainer.
+``mn.links.MultiNodeBatchNormalization`` ...) and what mnify adds, e.g. the global batch
+(``mn.create_global_batch_iterator``, ``mn.extensions.global_snapshot``,
+``mn.load_global_snapshot``: docs/global_batch.md). Names are resolved lazily: the communicators
+and kernels never import Chainer, so a GPU machine with numpy 2 and no Chainer can still use
+them; only touching a Chainer-facing name (optimizer wrapper, links, functions, iterators,
+evaluator) imports Chainer.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ _NAMES: dict[str, str] = {
     "rank0_log_files": "log_config",
     "create_multi_node_iterator": "iterators",
     "create_synchronized_iterator": "iterators",
+    "create_global_batch_iterator": "iterators",
+    "load_global_snapshot": "extensions",
 }
 _SUBMODULES = frozenset(
     {

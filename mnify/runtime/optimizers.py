@@ -15,6 +15,18 @@ batch) and the ranks' gradients are averaged with equal weight. With equal per-r
 With uneven batches each rank's examples weigh ``1 / (size * local_batch)``; scale the local loss
 by ``local_batch * size / global_batch`` to weight every example equally.
 
+With a global-batch iterator (:mod:`mnify.runtime.iterators.global_batch_iterator`) the shares
+are known: ``update(lossfun)`` multiplies this rank's loss by ``size * n_r / N`` before backward
+(``n_r`` its share of the step, ``N`` the global batch), so any split -- uneven, by speed, a rank
+with no examples -- gives one process's mean gradient, through MultiNodeBatchNormalization too
+(its backward sums the ranks' contributions of the scaled losses). ``update()`` without a loss
+function scales the gradients before the mean instead, which is exact except through
+MultiNodeBatchNormalization (the other ranks' unscaled contributions are already in them). A rank
+with an empty share still runs the loss function and every collective, contributes zero
+gradient, and reports nothing (its observations go to a scope that is dropped), so its empty
+loss and accuracy do not enter reported means. Exact only for losses that are means over the
+batch; dropout and augmentation draw per rank (docs/global_batch.md).
+
 ChainerMN's first update only broadcasts, so the first batch is lost. Here ``setup(model)``
 broadcasts at once when every parameter has its shape, so a hand-written loop's first
 ``loss.backward(); optimizer.update()`` is a real step on parameters every rank shares. When
@@ -34,6 +46,7 @@ import chainer
 
 from mnify import environment
 from mnify.runtime import observers
+from mnify.runtime.iterators import global_step
 from mnify.runtime.overlap_hooks import OverlapEngine, OverlapStats
 
 if TYPE_CHECKING:
@@ -94,10 +107,39 @@ class _WrapperBase:
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.actual_optimizer, name, value)
 
+    def _step(self) -> global_step.GlobalStep | None:
+        """The global-batch step this update trains on (None: not a global-batch iterator's)."""
+        comm = self.communicator
+        return global_step.latest(comm.size, comm.rank)
+
+    def _forward(self, lossfun: Any, args: tuple[Any, ...], kwds: dict[str, Any]) -> Any:
+        """``lossfun``'s loss, weighted by this rank's share of a global batch (if any); a rank
+        with an empty share reports nothing from it."""
+        step = self._step()
+        if step is None:
+            return lossfun(*args, **kwds)
+        if step.share == 0:
+            with chainer.reporter.report_scope({}):
+                loss = lossfun(*args, **kwds)
+        else:
+            loss = lossfun(*args, **kwds)
+        weight = step.loss_weight
+        return loss if weight == 1.0 else loss * weight
+
+    def _weight_grads(self) -> None:
+        """``update()`` without a loss function: scale this rank's gradients by its share."""
+        step = self._step()
+        if step is None or step.loss_weight == 1.0:
+            return
+        weight = step.loss_weight
+        for _, param in self._target.namedparams():
+            if param.grad is not None:
+                param.grad *= weight
+
     def _compute_grads(self, lossfun: Any, args: tuple[Any, ...], kwds: dict[str, Any]) -> None:
         """Forward and backward of ``lossfun`` the way ``Optimizer.update`` does it."""
         target = self._target
-        loss = lossfun(*args, **kwds)
+        loss = self._forward(lossfun, args, kwds)
         if getattr(self.actual_optimizer, "_use_cleargrads", True):
             target.cleargrads()
         else:
@@ -163,6 +205,7 @@ class MultiNodeOptimizer(_WrapperBase):
             if self._broadcast_if_changed():
                 observers.update_ends(self)
                 return
+            self._weight_grads()
         else:
             signature = param_signature(self._target)
             if signature != self.synced_signature and any(s is None for _, s in signature):
@@ -201,7 +244,7 @@ class MultiNodeOptimizer(_WrapperBase):
             engine.stats.fallbacks += 1
             return False
         try:
-            loss = lossfun(*args, **kwds)
+            loss = self._forward(lossfun, args, kwds)
         except BaseException:
             step.detach()
             raise
@@ -262,6 +305,8 @@ class DoubleBufferingOptimizer(_WrapperBase):
         target = self._target
         if lossfun is not None:
             self._compute_grads(lossfun, args, kwds)
+        else:
+            self._weight_grads()
         signature = param_signature(target)
         if signature != self.synced_signature:
             # New parameters: start over from rank 0's, with a fresh copy for the side stream.

@@ -21,10 +21,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import chainer
+import numpy as np
 from chainer.training import extension
 
 if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
+
+
+# the number of ranks that wrote a checkpoint (it resumes only at that number)
+WORLD_SIZE_KEY = "mnify_checkpoint/world_size"
 
 
 class MultiNodeCheckpointer(extension.Extension):  # type: ignore[misc]
@@ -107,7 +112,11 @@ class MultiNodeCheckpointer(extension.Extension):  # type: ignore[misc]
         fd, tmp = tempfile.mkstemp(prefix=f"tmp-{self.filename(iteration)}", dir=self.path)
         os.close(fd)
         try:
-            chainer.serializers.save_npz(tmp, target)
+            serializer = chainer.serializers.DictionarySerializer()
+            serializer.save(target)
+            serializer.target[WORLD_SIZE_KEY] = np.asarray(self.comm.size)
+            with open(tmp, "wb") as stream:
+                np.savez(stream, **serializer.target)
             os.replace(tmp, os.path.join(self.path, self.filename(iteration)))
         except BaseException:
             if os.path.exists(tmp):
@@ -152,6 +161,7 @@ class MultiNodeCheckpointer(extension.Extension):  # type: ignore[misc]
         elif self.path is None:
             self.path = trainer.out
         self.iterations = self._own_iterations_on_disk()
+        self._refuse_other_world_size()
         common = self._common_iterations()
         if not common:
             return None
@@ -160,6 +170,47 @@ class MultiNodeCheckpointer(extension.Extension):  # type: ignore[misc]
         if optimizer is not None and hasattr(optimizer, "mark_synchronized"):
             optimizer.mark_synchronized()
         return iteration
+
+    def _written_by(self) -> tuple[int | None, int]:
+        """(the world size recorded in this rank's newest checkpoint, or None; the highest rank
+        number among this run's checkpoint files here, or -1)."""
+        assert self.path is not None
+        recorded = None
+        if self.iterations:
+            newest = os.path.join(self.path, self.filename(self.iterations[-1]))
+            try:
+                with np.load(newest) as npz:
+                    if WORLD_SIZE_KEY in npz.files:
+                        recorded = int(npz[WORLD_SIZE_KEY])
+            except (OSError, ValueError):
+                recorded = None
+        highest = -1
+        try:
+            entries = os.listdir(self.path)
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            parts = entry.split(".")
+            if len(parts) == 3 and parts[0] == self.name and parts[1].isdigit():
+                highest = max(highest, int(parts[1]))
+        return recorded, highest
+
+    def _refuse_other_world_size(self) -> None:
+        """Raise on every rank (one allgather) if the checkpoints were written by a job of
+        another size: a shard's iterator state means nothing at another size."""
+        everyone = self.comm.allgather_obj(self._written_by())
+        sizes = {size for size, _ in everyone if size is not None}
+        highest = max(h for _, h in everyone)
+        other = sorted(s for s in sizes if s != self.comm.size)
+        if other or highest >= self.comm.size:
+            written = other[0] if other else f"at least {highest + 1}"
+            raise ValueError(
+                f"the per-rank checkpoints '{self.name}' in {self.path} were written by "
+                f"{written} ranks; this job has {self.comm.size}. Per-rank checkpoints "
+                "(create_multi_node_checkpointer) resume only at the size that wrote them: to "
+                "resume at another size, train with mn.create_global_batch_iterator and write "
+                "mn.extensions.global_snapshot(), then load it with mn.load_global_snapshot"
+            )
 
     def get_stats(self) -> str:
         """How long saving took: average, minimum and maximum seconds."""

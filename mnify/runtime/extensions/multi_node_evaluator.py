@@ -76,6 +76,11 @@ class CountingIterator:
             raise StopIteration
         step = getattr(counts.source, "__next__", None) or counts.source.next
         batch = step()
+        while len(batch) == 0:
+            # a global-batch iterator's empty share (a last batch smaller than the number of
+            # ranks): nothing to convert or report; the next call ends the evaluation with
+            # everyone else's
+            batch = step()
         counts.last_batch_size = len(batch)
         counts.examples += counts.last_batch_size
         return batch
