@@ -156,7 +156,10 @@ class LaunchWiring:
     - ``verify_timeout``: ``mnify run --verify-timeout``, the seconds rank 0 waits at the
       verification stop for a rank (docs/verify.md);
     - ``write_net_report``: rank 0 prints the write net's findings as one JSON line for the
-      launcher to render and put in ``--summary-json`` (docs/write_net.md).
+      launcher to render and put in ``--summary-json`` (docs/write_net.md);
+    - ``phase_stop``/``phase_snapshot``/``phase_resume``: ``mnify run --grow-ranks``, the
+      milestone this phase stops at (``30e``, ``500i``), the global snapshot it writes there, the
+      one it resumes from (:mod:`mnify.runtime.phases`, docs/global_batch.md).
     """
 
     rank_state_dir: str | None = None
@@ -166,6 +169,9 @@ class LaunchWiring:
     timeline_events: int | None = None
     verify_timeout: float | None = None
     write_net_report: bool = False
+    phase_stop: str | None = None
+    phase_snapshot: str | None = None
+    phase_resume: str | None = None
 
     def to_text(self) -> str:
         """The JSON the launcher sets: only the fields that are set, in a fixed order."""
@@ -183,7 +189,8 @@ class LaunchWiring:
         types: dict[str, type] = {
             "rank_state_dir": str, "rank_state_host": str, "verify_report": bool,
             "scale_updates": int, "timeline_events": int, "verify_timeout": float,
-            "write_net_report": bool,
+            "write_net_report": bool, "phase_stop": str, "phase_snapshot": str,
+            "phase_resume": str,
         }  # fmt: skip
         for key, value in data.items():
             if key not in types:

@@ -31,6 +31,7 @@ import click
 
 from mnify import environment
 from mnify.environment import LaunchWiring
+from mnify.launch import grow_ranks as grow_ranks_plan
 from mnify.launch import timeline_merge
 from mnify.launch.command import LaunchSpec, build_command
 from mnify.launch.diagnosis import Category, JobFacts, diagnose
@@ -122,6 +123,14 @@ def _write_summary(path: str, data: dict[str, Any]) -> None:
     temporary = target.with_name(f".{target.name}.tmp{os.getpid()}")
     temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     os.replace(temporary, target)
+
+
+def _phase_directory() -> str:
+    """Where a --grow-ranks job keeps its phases' global snapshots: a new folder in the working
+    directory (every host of a cluster reads it where the working directory is shared)."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="mnify-phases-", dir=os.getcwd())
 
 
 def _exit_status(returncode: int) -> int:
@@ -250,6 +259,15 @@ def _exit_status(returncode: int) -> int:
     help="How long rank 0 waits at the verification stop for a rank before ending the job "
     "naming it (default 120).",
 )
+@click.option(
+    "--grow-ranks",
+    "grow_ranks",
+    type=str,
+    default=None,
+    metavar="N@MILESTONE,...",
+    help="Relaunch with more ranks at milestones (4@30e,8@60e: epochs; 8@500i: iterations), "
+    "resuming each phase from the global snapshot the previous one wrote.",
+)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -271,6 +289,7 @@ def run(
     verify: bool,
     verify_updates: int | None,
     verify_timeout: float | None,
+    grow_ranks: str | None,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -291,6 +310,21 @@ def run(
         _fail("--timeline-events sizes the timeline: give --timeline FILE too")
     if verify_timeout is not None and not (verify or verify_updates):
         _fail("--verify-timeout is for --verify: give --verify too")
+    growths: list[grow_ranks_plan.Growth] = []
+    if grow_ranks is not None:
+        if timeline_file is not None or verify or verify_updates:
+            _fail(
+                "--grow-ranks runs several jobs: --timeline and --verify take one; run them alone"
+            )
+        try:
+            growths = grow_ranks_plan.parse(grow_ranks, nprocs)
+        except ValueError as exc:
+            _fail(str(exc))
+        slots = None if host_list is None else total_slots(host_list)
+        if slots is not None and growths[-1].ranks > slots:
+            _fail(
+                f"--grow-ranks asks for {growths[-1].ranks} ranks but the hosts offer {slots} slots"
+            )
     extra_args, mpiexec = _launch_tools(mpi_args, mpiexec_path)
     timeline_dir = None
     if timeline_file is not None:
@@ -343,20 +377,45 @@ def run(
             timeline_merge.prepare_run_directory(timeline_dir)
         except OSError as exc:
             _fail(f"--timeline {timeline_file}: cannot use {timeline_dir}: {exc}")
-    try:
-        result = run_job(
-            command,
-            mpiexec.flavor,
-            nprocs=nprocs,
-            out=sys.stdout,
-            err=sys.stderr,
-            tag_output=tag_output,
-            hold_seconds=hold_seconds,
-            abort_timeout=abort_timeout,
-            exit_timeout=exit_timeout,
-        )
-    except OSError as exc:
-        _fail(f"cannot start {mpiexec.path}: {exc}")
+    phase_dir = _phase_directory() if growths else None
+    phases = [None] if phase_dir is None else grow_ranks_plan.plan(nprocs, growths, phase_dir)
+    phase_data: list[dict[str, Any]] = []
+    for phase in phases:
+        if phase is not None:
+            nprocs = phase.ranks
+            wiring = dataclasses.replace(
+                spec.wiring,
+                phase_stop=None if phase.stop is None else str(phase.stop),
+                phase_snapshot=phase.snapshot,
+                phase_resume=phase.resume,
+            )
+            command = build_command(
+                dataclasses.replace(spec, nprocs=nprocs, wiring=wiring), mpiexec
+            )
+            click.echo(
+                f"mnify run: phase {phase.index + 1} of {len(phases)}: {nprocs} ranks"
+                + ("" if phase.stop is None else f" until {phase.stop}"),
+                err=True,
+            )
+        try:
+            result = run_job(
+                command,
+                mpiexec.flavor,
+                nprocs=nprocs,
+                out=sys.stdout,
+                err=sys.stderr,
+                tag_output=tag_output,
+                hold_seconds=hold_seconds,
+                abort_timeout=abort_timeout,
+                exit_timeout=exit_timeout,
+            )
+        except OSError as exc:
+            _fail(f"cannot start {mpiexec.path}: {exc}")
+        if phase is None:
+            break
+        phase_data.append(grow_ranks_plan.as_data(phase, _exit_status(result.returncode)))
+        if result.returncode != 0 or phase.record() is None:
+            break  # failed, or the script ended before the milestone: no next phase
     facts = JobFacts(
         nprocs=nprocs,
         exit_status=_exit_status(result.returncode),
@@ -378,6 +437,14 @@ def run(
     )
     verdict = diagnose(facts)
     summary = as_data(verdict)
+    if phase_dir is not None:
+        if verdict.ok:  # nothing to resume by hand: the phases' snapshots go
+            shutil.rmtree(phase_dir, ignore_errors=True)
+            for entry in phase_data:
+                entry["snapshot"] = None
+        else:
+            click.echo(f"mnify run: the phases' global snapshots are kept in {phase_dir}", err=True)
+        summary["phases"] = phase_data
     if result.stops:
         summary["stop"] = {
             "updates": max(s.updates for s in result.stops),
@@ -412,7 +479,7 @@ def run(
             if not tb.shown:
                 for line in tb.lines:
                     click.echo(f"[{tb.rank}] {line}" if tag_output else line, err=True)
-        for line in timeline_lines + net_lines:
+        for line in timeline_lines + net_lines + grow_ranks_plan.render(phase_data):
             click.echo(line, err=True)
         if verdict.category is Category.STOPPED and not verify_lines:
             click.echo(f"mnify run: {verdict.headline}", err=True)

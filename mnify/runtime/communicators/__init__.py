@@ -131,6 +131,11 @@ def create_communicator(
         write_net.report_at_exit()
     global _current
     _current = made
+    wiring = environment.LAUNCH.read_or_default()
+    if wiring.phase_stop or wiring.phase_resume:  # mnify run --grow-ranks
+        from mnify.runtime import phases
+
+        phases.install(made, wiring.phase_stop, wiring.phase_snapshot, wiring.phase_resume)
     if environment.VERIFY.is_set():  # mnify run --verify, or MNIFY_VERIFY=K by hand
         from mnify.runtime.verify import start_if_requested
 
