@@ -270,6 +270,10 @@ class GlobalBatchIterator(chainer.dataset.Iterator):  # type: ignore[misc]
         global_step.withdraw(id(self))
 
     def finalize(self) -> None:
+        """Stop measuring collectives; the last step no longer weights updates (the trainer
+        finalizes its iterators when it ends)."""
+        if global_step is not None:  # None while the interpreter shuts down (from __del__)
+            global_step.withdraw(id(self))
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
