@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import click
 
-from mnify.launch import attribution, stragglers
+from mnify.launch import attribution, batch_phases, stragglers
 from mnify.launch.timeline_merge import MergeError, load_trace, merge_directory, write_trace
 
 
@@ -116,6 +116,8 @@ def timeline(
     for line in stragglers.render(stragglers.analyze(trace)):
         click.echo(line)
     for line in attribution.render(attribution.attribute(trace)):
+        click.echo(line)
+    for line in batch_phases.render(batch_phases.phases(trace), "mnify timeline:"):
         click.echo(line)
     if plot is not None:
         try:

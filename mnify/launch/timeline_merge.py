@@ -344,7 +344,14 @@ def _event(
         if e.comm >= 0:
             args["seq"] = e.seq
         args["of"] = CATEGORY_NAMES[Category(e.aux)] if e.aux in _CATS else str(e.aux)
-    if e.nbytes:
+    if e.cat == Category.UPDATE:  # a global-batch step: its batch, this rank's share
+        if e.nbytes:
+            args["global_batch"] = e.nbytes
+        if e.aux >= 0:
+            args["share"] = e.aux
+        if e.seq > 1:
+            args["micro_batches"] = e.seq
+    elif e.nbytes:
         args["bytes"] = e.nbytes
     if e.flags & FLAG_ERROR:
         args["error"] = True
@@ -474,7 +481,7 @@ def finish_run(trace_path: str | os.PathLike[str], directory: Path, nprocs: int)
     The rank files are removed once every rank's are merged; otherwise they stay, and the
     lines say how to complete the trace.
     """
-    from mnify.launch import attribution, stragglers
+    from mnify.launch import attribution, batch_phases, stragglers
 
     say = "mnify run: timeline:"
     try:
@@ -494,6 +501,7 @@ def finish_run(trace_path: str | os.PathLike[str], directory: Path, nprocs: int)
     else:
         _remove_rank_files(directory)
     lines += attribution.render(attribution.attribute(merged.trace), say)
+    lines += batch_phases.render(batch_phases.phases(merged.trace), say)
     report = stragglers.analyze(merged.trace)
     lines += [stragglers.straggler_line(s) for s in report.stragglers]
     return RunTimeline(lines, stragglers.as_data(report))

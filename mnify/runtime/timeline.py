@@ -317,13 +317,18 @@ class Recorder:
 
     # the optimizer's update (see the module functions below)
 
-    def update_begins(self) -> None:
+    def update_begins(self, global_batch: int = 0, share: int = -1, micro_batches: int = 0) -> None:
+        """An update begins; with a global-batch iterator, the step's global batch, this rank's
+        share of it and the micro-batches it accumulated (kept in the record's nbytes, aux and
+        seq fields, which an update has no other use for)."""
         if self._update_at >= 0:  # the last update returned early: it only broadcast
             self.flag(self._update_at, FLAG_SKIPPED)
             self.close(self._update_at)
             self._update_at = -1
             self.step += 1
-        self._update_at = self.open(Category.UPDATE, self.name_id("update"), NO_COMM, 0, 0, -1)
+        self._update_at = self.open(
+            Category.UPDATE, self.name_id("update"), NO_COMM, micro_batches, global_batch, share
+        )
 
     def apply_begins(self) -> None:
         self._apply_at = self.open(Category.APPLY, self.name_id("optimizer"), NO_COMM, 0, 0, -1)
@@ -813,7 +818,18 @@ class TimelineObserver(Observer):
     # the optimizer
 
     def update_begins(self, optimizer: Any) -> None:
-        self.rec.update_begins()
+        # the global-batch iterator's record, if that (Chainer-facing) module is in use at all:
+        # looked up, not imported, so the timeline never imports Chainer
+        global_step = sys.modules.get("mnify.runtime.iterators.global_step")
+        comm = getattr(optimizer, "communicator", None)
+        if global_step is None or comm is None:
+            self.rec.update_begins()
+            return
+        step = global_step.latest(comm.size, comm.rank)
+        if step is None:
+            self.rec.update_begins()
+        else:
+            self.rec.update_begins(step.global_batch, step.share, global_step.micro_batches())
 
     def apply_begins(self, optimizer: Any) -> None:
         self.rec.apply_begins()

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from mnify.launch import grow_ranks
+from mnify.launch import batch_phases, grow_ranks
 from tests.cli_run.console import mnify_run
 
 SCRIPT = Path(__file__).parent / "scripts" / "grow_ranks" / "train.py"
@@ -102,3 +103,57 @@ def test_phases_resume_from_the_previous_snapshot() -> None:
     assert [p.resume for p in phases] == [None, "/d/phase0.npz", "/d/phase1.npz"]
     assert [p.snapshot for p in phases] == ["/d/phase0.npz", "/d/phase1.npz", None]
     assert grow_ranks.parse("3@500i", 1)[0].milestone.unit == "i"
+
+
+@pytest.mark.mpi
+def test_the_timeline_shows_each_steps_batch_and_counts_halved_all_reduces(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "trace.json"
+    proc = mnify_run(
+        "-n", "2", "--timeline", str(trace), str(SCRIPT), str(tmp_path), "--grow",
+        "--max-per-rank", "2", timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(trace.read_text())
+    assert [
+        (p.first_step, p.last_step, p.global_batch, p.ranks, p.micro_batches, p.shares)
+        for p in batch_phases.phases(data)
+    ] == [(0, 5, 4, 2, 1, (2, 2)), (6, 8, 8, 2, 2, (4, 4)), (9, 10, 16, 2, 4, (8, 8))]
+    assert (
+        "mnify run: timeline: steps 6-8: global batch 8 on 2 ranks (shares 4/4 at the last "
+        "step), 2 micro-batches a step"
+    ) in proc.stderr
+    # counted, not timed: one gradient all-reduce a step, so epoch 1 (batch 8) has half of
+    # epoch 0's (batch 4) although it computes twice as much per step in micro-batches
+    mean_grads: Counter[int] = Counter(
+        ev["args"]["step"]
+        for ev in data["traceEvents"]
+        if ev["ph"] == "X"
+        and ev["cat"] == "collective"
+        and ev["name"] == "multi_node_mean_grad"
+        and ev["pid"] == 0
+    )
+    assert sum(mean_grads[s] for s in range(0, 6)) == 6
+    assert sum(mean_grads[s] for s in range(6, 9)) == 3
+
+
+def test_batch_phases_group_steps_and_show_the_last_shares() -> None:
+    def update(rank: int, step: int, batch: int, share: int, micro: int = 1) -> dict[str, Any]:
+        args = {"step": step, "global_batch": batch, "share": share}
+        if micro > 1:
+            args["micro_batches"] = micro
+        return {"ph": "X", "cat": "update", "pid": rank, "args": args}
+
+    events = [update(0, 0, 6, 3), update(1, 0, 6, 3), update(0, 1, 6, 4), update(1, 1, 6, 2)]
+    events += [update(0, 2, 12, 8, 2), update(1, 2, 12, 4, 2)]
+    events.append({"ph": "X", "cat": "update", "pid": 0, "args": {"step": 3}})  # no global batch
+    found = batch_phases.phases({"traceEvents": events})
+    assert [(p.first_step, p.last_step, p.shares) for p in found] == [
+        (0, 1, (4, 2)),
+        (2, 2, (8, 4)),
+    ]
+    assert batch_phases.render(found, "x:") == [
+        "x: steps 0-1: global batch 6 on 2 ranks (shares 4/2 at the last step)",
+        "x: step 2: global batch 12 on 2 ranks (shares 8/4), 2 micro-batches a step",
+    ]

@@ -25,6 +25,7 @@ from typing import Any
 import chainer
 from chainer import training
 
+from mnify.runtime.iterators import global_step
 from mnify.runtime.iterators.global_batch_iterator import GlobalBatchIterator
 
 
@@ -76,6 +77,7 @@ class AccumulatingUpdate:
         batch = iterator.next()
         count = micro_batch_count(list(iterator.shares), self.max_per_rank)
         self.micro_batches = count
+        global_step.set_micro_batches(count)
         loss_func = updater.loss_func or optimizer.target
         if count == 1:  # the updater's own step: the loss weighted before backward (exact)
             self._update(optimizer, loss_func, self._arrays(batch))

@@ -71,3 +71,17 @@ def latest(size: int, rank: int) -> GlobalStep | None:
     if step is None or step.size != size or step.rank != rank:
         return None
     return step
+
+
+_micro_batches = 1
+
+
+def set_micro_batches(count: int) -> None:
+    """How many micro-batches the current step accumulates before its one gradient all-reduce
+    (``GrowBatch(max_per_rank=...)``; 1 otherwise): the timeline records it with the update."""
+    global _micro_batches
+    _micro_batches = int(count)
+
+
+def micro_batches() -> int:
+    return _micro_batches

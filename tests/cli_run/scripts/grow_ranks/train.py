@@ -1,9 +1,9 @@
 """A training script written for the global batch, run unchanged by ``mnify run --grow-ranks``.
 
-    train.py OUT [--epochs E] [--batch B] [--grow]
+    train.py OUT [--epochs E] [--batch B] [--grow [--max-per-rank M]]
 
 float64, global-batch iterator (the whole dataset on every rank), Chainer's Trainer,
-``GrowBatch(2)`` every epoch with ``--grow``. After ``trainer.run()`` -- once, after the last
+``GrowBatch(2)`` every epoch with ``--grow`` (accumulating above ``--max-per-rank``). After ``trainer.run()`` -- once, after the last
 phase -- rank 0 saves the parameters to OUT/params.npz, and every rank prints ``AFTER RUN`` with
 the world size and the iterator's position. Every rank appends the examples it read to
 OUT/ledger.RANKS.RANK.txt (one line an iteration).
@@ -44,6 +44,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--grow", action="store_true")
+    p.add_argument("--max-per-rank", type=int, default=None)
     args = p.parse_args()
     comm = mn.create_communicator("naive")
     rng = np.random.RandomState(0)
@@ -58,7 +59,7 @@ def main() -> None:
     updater = chainer.training.StandardUpdater(it, optimizer)
     trainer = chainer.training.Trainer(updater, (args.epochs, "epoch"), out=args.out)
     if args.grow:
-        trainer.extend(mn.extensions.GrowBatch(2, (1, "epoch")))
+        trainer.extend(mn.extensions.GrowBatch(2, (1, "epoch"), max_per_rank=args.max_per_rank))
     trainer.run()
     print(f"AFTER RUN size={comm.size} iteration={updater.iteration}", flush=True)
     if comm.rank == 0:
