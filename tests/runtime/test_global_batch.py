@@ -113,14 +113,19 @@ def test_training_equals_one_process(
     assert len(results) == ranks
     worst = max(r["max_rel_diff"] for r in results)
     assert worst <= 1e-10, worst
-    check_ledger(merged_ledger([results]), N_TRAIN, BATCH, STOP)
+    batch = results[0]["batch"]
+    check_ledger(merged_ledger([results]), N_TRAIN, batch, STOP)
     shares = results[0]["shares"]
-    assert all(sum(s) == BATCH and min(s) >= 1 for s in shares), shares
+    assert all(sum(s) == batch and min(s) >= 1 for s in shares), shares
     if case == "uneven":  # weights 1:3:2 of 6
         assert all(s == [1, 3, 2] for s in shares), shares
-    if case == "speed":  # rank 1 sleeps 4 ms per example: it ends with the smallest share
-        assert shares[0] == [2, 2, 2], shares
-        assert shares[-1][1] < min(shares[-1][0], shares[-1][2]), shares
+    if case == "speed":
+        # rank 1 sleeps 30 ms per example, far more than the others compute, even on a loaded
+        # machine: its proportional share is below 1.5, so it ends at the minimum of one
+        # example. Were the time waiting in collectives counted, every rank would measure the
+        # slow one's pace and the split would stay even.
+        assert shares[0] == [4, 4, 4], shares
+        assert shares[-1][1] == 1, shares
 
 
 @pytest.mark.parametrize("case", ["resume_1_to_2", "resume_2_to_1", "resume_2_to_3"])
