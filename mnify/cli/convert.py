@@ -229,7 +229,13 @@ def convert(
         model_parallel=model_parallel,  # type: ignore[arg-type]
     )
     failures = _Failures()
-    texts = _read_all(_gather(src, failures), failures)
+    gathered = _gather(src, failures)
+    if not gathered and not failures.lines:
+        # nothing to convert is a mistake in the command, not a clean conversion
+        where = ", ".join(str(s) for s in src)
+        click.echo(f"error: no Python file in {where}: nothing to convert", err=True)
+        sys.exit(2)
+    texts = _read_all(gathered, failures)
     tty = sys.stderr.isatty()
     sources = {path: text.text for path, text in texts.items()}
     results = _convert_with_progress(sources, options, show=tty and len(sources) > 1)

@@ -108,6 +108,15 @@ def lint(
     else:
         unlinted = len(result.errors) + len(missing)
         click.echo(format_diagnostics(result.diagnostics, output_format, unlinted), nl=False)
+        if output_format == "concise" and not result.diagnostics:
+            for script in result.single_process:
+                # the rules judge a script as the distributed program it is part of; one with
+                # no communicator is not one yet, which "All checks passed!" alone would hide
+                click.echo(
+                    f"note: {script} creates no communicator: it runs as a single process; "
+                    f"`mnify convert {script}` makes it distributed",
+                    err=True,
+                )
     if result.errors or missing:
         sys.exit(EXIT_ERROR)
     if result.diagnostics and not exit_zero:

@@ -14,6 +14,7 @@ from mnify.config import ConfigError, ConfigFinder, LintConfig
 from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
 from mnify.lint.registry import SelectorError
 from mnify.lint.runner import lint_source
+from mnify.program.walk import FileProgram
 from mnify.sourcefile import SourceDecodeError, decode_source, describe_os_error
 
 SKIPPED_DIRECTORIES = frozenset(
@@ -28,6 +29,8 @@ class LintResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     files: int = 0
+    # training scripts that create no communicator: they run as one process
+    single_process: list[str] = field(default_factory=list)
 
 
 def _config_for(finder: ConfigFinder, path: Path) -> LintConfig:
@@ -109,6 +112,12 @@ def _lint_one(
         chosen, ignored, extended = config.select, config.ignores_for(path), config.extend_select
     try:
         source = decode_source(read()).text
+
+        def seen(program: FileProgram) -> None:
+            meaning = program.context
+            if meaning.is_training_script and not meaning.is_distributed:
+                result.single_process.append(shown)
+
         result.diagnostics.extend(
             lint_source(
                 source,
@@ -116,6 +125,7 @@ def _lint_one(
                 select=chosen,
                 ignore=ignored + ignore,
                 extend_select=extended + extend_select,
+                seen=seen,
             )
         )
     except LintSyntaxError as exc:

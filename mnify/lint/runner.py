@@ -6,7 +6,7 @@ resolved only when there is something to report."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -45,8 +45,9 @@ def lint_source(
     external_collectives: Mapping[str, str] | None = None,
     assume: str | None = None,
     project: ProjectUses | None = None,
+    seen: Callable[[FileProgram], None] | None = None,
 ) -> list[Diagnostic]:
-    """Lint one file's text. Raises ``LintSyntaxError`` when it does not parse and
+    """Lint one file's text (``seen``: handed the file's program, see :func:`lint_wrapper`). Raises ``LintSyntaxError`` when it does not parse and
     ``SelectorError`` for an unknown selector."""
     # the module was parsed here and nobody else holds it: no need for the defensive deep copy
     wrapper = MetadataWrapper(parse(source, path), unsafe_skip_copy=True)
@@ -60,6 +61,7 @@ def lint_source(
         external_collectives=external_collectives,
         assume=assume,
         project=project,
+        seen=seen,
     )
 
 
@@ -74,6 +76,7 @@ def lint_wrapper(
     external_collectives: Mapping[str, str] | None = None,
     assume: str | None = None,
     project: ProjectUses | None = None,
+    seen: Callable[[FileProgram], None] | None = None,
 ) -> list[Diagnostic]:
     """Lint an already built ``MetadataWrapper`` (the converter shares its resolution: metadata
     already resolved on ``wrapper`` is reused, not recomputed). ``external_collectives`` names
@@ -82,7 +85,8 @@ def lint_wrapper(
     ("data" or "model") judges the file as part of a data- or model-parallel program even if it
     creates no communicator (how ``mnify convert`` reads its input and its output).
     ``project`` says how the program's files use each other's code; by default the file is a
-    program of its own."""
+    program of its own. ``seen`` is handed the file's program once walked (what kind of script
+    it is: ``mnify lint`` says which training scripts run as one process)."""
     rules = select_rules(select, ignore, extend_select)
     text = source if source is not None else wrapper.module.code
     suppressions = parse_suppressions(text)
@@ -98,6 +102,8 @@ def lint_wrapper(
     )
     if program.hazard_failure is not None:
         raise program.hazard_failure
+    if seen is not None:
+        seen(program)
     return diagnose(program, suppressions, project=project, source=text)
 
 

@@ -43,15 +43,21 @@ def leave_alone_scripts_that_do_not_train(contexts: Mapping[str, FileContext]) -
             continue
         if not ctx.options.data_parallel or ctx.options.only_codes is not None:
             continue
+        # an ``update`` call is training only where the effects cannot tell (``df.update(d)``
+        # is not; ``optimizer.update()`` and a library helper's Trainer are: program/effects.py)
         trains = any(
-            vocab.is_optimizer(c.qname) or vocab.is_trainer(c.qname) or c.method == "update"
+            vocab.is_optimizer(c.qname)
+            or vocab.is_trainer(c.qname)
+            or (c.method == "update" and ctx.effects is None)
             for c in ctx.facts.calls
         ) or any(e.step == "optimizer" and e.severity == "changed" for e in ctx.report.entries)
-        # training reached through any call, a library's helper included (program/effects.py)
-        if trains or "trains" in ctx.effects_of_scope(entry.func):
+        reached = [ctx.effects_of_scope(entry.func), ctx.effects_of_scope(None)]
+        if trains or any("trains" in found for found in reached):
             continue
         _reset(ctx)
-        ctx.report.keep_only_needs_person()
+        # nothing of a script the job does not run needs a person for the job (its evaluator
+        # loops, its datasets): the report says only that it is left as it is
+        ctx.report.drop(lambda e: True)
         ctx.report.entries.append(
             ReportEntry(
                 ctx.path,
@@ -100,7 +106,9 @@ def leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> N
         if ctx.entry is not None
         for c in ctx.facts.calls
     ) and any(trainers.calls_training_elsewhere(ctx) for ctx in contexts.values())
-    if not stranded and not built and (iterators or not (loads or models)):
+    # training found in an installed package's source (``run_train(model, it)``)
+    elsewhere = any(trainers.trains_through_a_package(ctx) for ctx in contexts.values())
+    if not stranded and not built and not elsewhere and (iterators or not (loads or models)):
         return  # no training at all here (a model or data module on its own)
     if stranded:
         where = (

@@ -81,7 +81,21 @@ def calls_training_elsewhere(ctx: FileContext) -> bool:
     Chainer's."""
     if ctx.entry is None:
         return False
-    if ctx.effects is not None:
+    if trains_through_a_package(ctx):
+        return True
+    return any(
+        _TRAINING_NAME.search(vocab.last(c.qname))
+        and not vocab.is_chainer_name(c.qname)
+        and vocab.last(c.qname) not in ctx.facts.module_functions
+        for c in ctx.facts.calls
+    )
+
+
+def trains_through_a_package(ctx: FileContext) -> bool:
+    """The entry point calls a function defined outside the converted files (an installed
+    package's, or a module of the project left out) whose source shows training: a Trainer run
+    or an optimizer update, through whatever it calls (program/effects.py)."""
+    if ctx.entry is not None and ctx.effects is not None:
         for c in ctx.facts.calls:
             if ctx.outermost_scope(c.func) is not ctx.outermost_scope(ctx.entry.func):
                 continue
@@ -93,12 +107,7 @@ def calls_training_elsewhere(ctx: FileContext) -> bool:
                 and ctx.effects.resolves_outside(ctx.path, ctx.line(c.node), name)
             ):
                 return True
-    return any(
-        _TRAINING_NAME.search(vocab.last(c.qname))
-        and not vocab.is_chainer_name(c.qname)
-        and vocab.last(c.qname) not in ctx.facts.module_functions
-        for c in ctx.facts.calls
-    )
+    return False
 
 
 def hosts(contexts: Mapping[str, FileContext]) -> list[FileContext]:
@@ -123,7 +132,12 @@ def hosts(contexts: Mapping[str, FileContext]) -> list[FileContext]:
     calling = [
         ctx for ctx in entries if any(vocab.last(c.qname) in training for c in ctx.facts.calls)
     ]
-    return calling or [ctx for ctx in entries if calls_training_elsewhere(ctx)] or entries
+    return (
+        calling
+        or [ctx for ctx in entries if trains_through_a_package(ctx)]
+        or [ctx for ctx in entries if calls_training_elsewhere(ctx)]
+        or entries
+    )
 
 
 def plan_host(ctx: FileContext, where: str) -> None:

@@ -1,0 +1,198 @@
+"""Issue 31, items 2 and 6: the converter's decisions read what code does (its effects,
+mnify/program/effects.py), whatever shape reaches them; and the report and the CLIs say only
+what is true of the output. Asserted on the output's AST and the report's entries."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mnify.converter import ConvertOptions, convert_sources
+from mnify.rewrites.result import FileResult
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# an installed library whose helper trains (a Trainer run inside it), as chainer-chemistry's
+# run_train does; found on sys.path and read from its source, never imported
+LIBRARY = {
+    "molkit/__init__.py": "from molkit.training import fit_model\n",
+    "molkit/training.py": """
+        import chainer
+        from chainer import training
+        from chainer.training import extensions
+
+        def fit_model(model, train_iter, out='result', epoch=1):
+            optimizer = chainer.optimizers.Adam()
+            optimizer.setup(model)
+            updater = training.StandardUpdater(train_iter, optimizer)
+            trainer = training.Trainer(updater, (epoch, 'epoch'), out=out)
+            trainer.extend(extensions.LogReport())
+            trainer.run()
+        """,
+}
+
+TRAIN = """\
+import argparse
+import json
+
+import chainer
+import chainer.links as L
+from molkit import fit_model
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--out', default='result')
+    args = parser.parse_args()
+    train, _ = chainer.datasets.get_mnist()
+    model = L.Classifier(L.Linear(None, 10))
+    it = chainer.iterators.SerialIterator(train, 32)
+    fit_model(model, it, out=args.out)
+    with open('summary.json', 'w') as f:
+        json.dump({'done': True}, f)
+
+
+if __name__ == '__main__':
+    main()
+"""
+
+# a script of the same tree that trains nothing: it evaluates a saved model by hand and keeps
+# its numbers in a dict (``.update`` of a dict is no training)
+PREDICT = """\
+import argparse
+
+import chainer
+import chainer.links as L
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--model', default='result/model.npz')
+    args = parser.parse_args()
+    _, test = chainer.datasets.get_mnist()
+    model = L.Classifier(L.Linear(None, 10))
+    chainer.serializers.load_npz(args.model, model)
+    scores = {}
+    it = chainer.iterators.SerialIterator(test, 100, repeat=False, shuffle=False)
+    evaluator = chainer.training.extensions.Evaluator(it, model)
+    scores.update(evaluator())
+    print(scores)
+
+
+if __name__ == '__main__':
+    main()
+"""
+
+
+@pytest.fixture
+def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    site = tmp_path / "site"
+    for name, text in LIBRARY.items():
+        path = site / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return site
+
+
+def _convert(files: dict[str, str]) -> dict[str, FileResult]:
+    results = convert_sources(files, ConvertOptions())
+    for r in results:
+        assert r.error is None, r.error
+    return {r.path: r for r in results}
+
+
+def _body(text: str | None, function: str = "main") -> list[str]:
+    tree = ast.parse(text or "")
+    found = next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == function)
+    return [ast.unparse(s) for s in found.body]
+
+
+def test_a_library_helper_that_trains_is_distributed_and_a_dict_update_is_not_training(
+    library: Path,
+) -> None:
+    results = _convert({"proj/train.py": TRAIN, "proj/predict.py": PREDICT})
+    train = results["proj/train.py"]
+    body = _body(train.output)
+    assert "mn.distribute_trainers(comm)" in body
+    assert not any("trains nothing" in e.message for e in train.entries)
+    # the file the script writes after training is rank 0's
+    assert any(s.startswith("if comm.rank == 0:\n    with open('summary.json'") for s in body)
+    predict = results["proj/predict.py"]
+    assert not predict.changed
+    assert [e.code for e in predict.entries] == ["MN801"]  # and nothing for a person
+
+
+def test_a_sub_package_helper_that_writes_is_run_by_rank_0_and_its_subprocess_reported() -> None:
+    helper = textwrap.dedent(
+        """
+        import os
+        import subprocess
+
+
+        def stamp_run(out):
+            out = out.split(',')[0]
+            if not os.path.isdir(out):
+                os.mkdir(out)
+            subprocess.call(['cp', 'train.py', out])
+        """
+    )
+    train = TRAIN.replace("from molkit import fit_model", "from kit.stamp import stamp_run")
+    train = train.replace(
+        "    fit_model(model, it, out=args.out)\n",
+        "    opt = chainer.optimizers.SGD()\n    opt.setup(model)\n",
+    ).replace(
+        "    args = parser.parse_args()\n",
+        "    args = parser.parse_args()\n    stamp_run(args.out)\n",
+    )
+    results = _convert({"p/train.py": train, "p/kit/__init__.py": "", "p/kit/stamp.py": helper})
+    result = results["p/train.py"]
+    body = _body(result.output)
+    assert "if comm.rank == 0:\n    stamp_run(args.out)" in body
+    forks = [e for e in result.entries if e.code == "MN203" and e.severity == "needs-person"]
+    assert [e.line for e in forks] == [13]  # at the call in the user's file
+    assert "subprocess.call" in forks[0].message
+
+
+def test_an_empty_tree_is_an_error(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "notes").mkdir(parents=True)
+    (tree / "notes" / "readme.txt").write_text("no code here\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "mnify", "convert", str(tree), "--outtree", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "no Python file" in run.stderr and "next:" not in run.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_lint_says_a_script_without_a_communicator_runs_as_one_process(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    run = subprocess.run(
+        [sys.executable, "-m", "mnify", "lint", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert "single process" in run.stderr and "mnify convert" in run.stderr, run.stderr
+    converted = tmp_path / "train_mn.py"
+    converted.write_text(
+        "from mnify import runtime as mn\nimport chainer\ncomm = mn.create_communicator()\n"
+    )
+    again = subprocess.run(
+        [sys.executable, "-m", "mnify", "lint", str(converted)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert "single process" not in again.stderr
