@@ -10,6 +10,7 @@ W+K+1 (so that K whole steps follow the W warm-up ones). The merged timeline is 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import statistics
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mnify import environment
-from mnify.launch import attribution, stragglers, timeline_merge
+from mnify.launch import attribution, batch_phases, stragglers, timeline_merge
 from mnify.launch.attribution import PARTS, Attribution, Breakdown
 
 SCHEMA = 1
@@ -47,6 +48,8 @@ class Run:
     same_data: list[int] | None = None
     same_data_note: str = ""  # why it could not be checked
     batch_known: bool = True
+    # the global batch of the measured steps, with a global-batch iterator (else empty)
+    batch_phases: list[batch_phases.BatchPhase] = field(default_factory=list)
 
     @property
     def examples_per_s(self) -> float:
@@ -102,7 +105,22 @@ def measure_trace(trace: dict[str, Any], ranks: int, warmup: int, updates: int, 
         load=tuple(load),  # type: ignore[arg-type]
         stragglers=report.stragglers,
         batch_known=found.examples_per_step is not None,
+        batch_phases=measured_phases(trace, warmup, updates),
     )
+
+
+def measured_phases(
+    trace: dict[str, Any], warmup: int, updates: int
+) -> list[batch_phases.BatchPhase]:
+    """The global batch of the measured steps (``warmup`` .. ``warmup + updates - 1``)."""
+    first, last = warmup, warmup + updates - 1
+    return [
+        dataclasses.replace(
+            p, first_step=max(p.first_step, first), last_step=min(p.last_step, last)
+        )
+        for p in batch_phases.phases(trace)
+        if p.last_step >= first and p.first_step <= last
+    ]
 
 
 def _mb(nbytes: float) -> str:
@@ -222,6 +240,7 @@ def as_data(runs: Sequence[Run], found: Sequence[Cause]) -> dict[str, Any]:
                 "update_ms_spread": round(r.update_ms_spread, 3),
                 "examples_per_s": round(r.examples_per_s, 3),
                 "breakdown_ms": r.breakdown.as_dict(),
+                "batch_phases": [dataclasses.asdict(p) for p in r.batch_phases],
             }
             for r in runs
         ],
@@ -266,6 +285,8 @@ def render(runs: Sequence[Run], found: Sequence[Cause], warmup: int, updates: in
                 f"mnify scale: note: load average {r.load[0]:.1f} on {cores} cores after the "
                 f"{r.ranks}-rank run: the machine was busy, the times are pessimistic"
             )
+    for r in runs:
+        lines += batch_phases.render(r.batch_phases, f"mnify scale: {r.ranks} rank(s):")
     lines += _compute_note(runs)
     if found:
         for c in found:

@@ -157,3 +157,33 @@ def test_batch_phases_group_steps_and_show_the_last_shares() -> None:
         "x: steps 0-1: global batch 6 on 2 ranks (shares 4/2 at the last step)",
         "x: step 2: global batch 12 on 2 ranks (shares 8/4), 2 micro-batches a step",
     ]
+
+
+@pytest.mark.mpi
+def test_verify_sees_a_global_batch_run_as_split(tmp_path: Path) -> None:
+    """Every rank holds the whole dataset by design; --verify compares what each rank drew."""
+    summary = tmp_path / "summary.json"
+    proc = mnify_run(
+        "-n", "2", "--verify", "--summary-json", str(summary), str(SCRIPT), str(tmp_path),
+        "--epochs", "20", timeout=240,
+    )  # fmt: skip
+    kinds = {f["check"] for f in json.loads(summary.read_text())["verify"]["findings"]}
+    assert "same-data" not in kinds and "params-differ" not in kinds, proc.stderr
+
+
+def test_scale_reports_the_measured_steps_batch() -> None:
+    from mnify.launch.scale import measured_phases
+
+    def update(step: int, batch: int) -> dict[str, Any]:
+        return {
+            "ph": "X",
+            "cat": "update",
+            "pid": 0,
+            "args": {"step": step, "global_batch": batch, "share": batch},
+        }
+
+    trace = {"traceEvents": [update(s, 4 if s < 6 else 8) for s in range(12)]}
+    assert [(p.first_step, p.last_step, p.global_batch) for p in measured_phases(trace, 2, 6)] == [
+        (2, 5, 4),
+        (6, 7, 8),
+    ]

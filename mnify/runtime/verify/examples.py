@@ -180,6 +180,15 @@ def _training_iterators() -> list[Any]:
     return found
 
 
+def _global_batch_training() -> bool:
+    """Whether a global-batch iterator trains here (looked up, not imported: if its module was
+    never imported, none exists)."""
+    module = sys.modules.get("mnify.runtime.iterators.global_batch_iterator")
+    if module is None:
+        return False
+    return any(isinstance(it, module.GlobalBatchIterator) for it in _training_iterators())
+
+
 def iterations_per_epoch() -> int | None:
     """ceil(len(dataset) / batch_size) of the training iterator that advanced most."""
     best = None
@@ -227,6 +236,10 @@ def find_source(drawn: list[int], row_shapes: set[tuple[str, tuple[int, ...]]]) 
     is in none.
     """
     if not drawn:
+        return None
+    if _global_batch_training():
+        # every rank holds the whole dataset by design and the schedule gives each its own
+        # part of every global batch (docs/global_batch.md): the examples drawn are compared
         return None
     deadline = time.monotonic() + SOURCE_MAX_SECONDS
     wanted = set(drawn)
