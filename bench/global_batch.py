@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 EXAMPLES, FEATURES, CLASSES = 4096, 64, 10
 
 
-def worker(batch: int, ms: float, steps: int) -> None:
+def worker(batch: int, ms: float, steps: int, rounds: int) -> None:
     """One rank: every measurement, rank 0 prints the medians as one JSON line."""
     import chainer
     import chainer.functions as F
@@ -96,13 +96,16 @@ def worker(batch: int, ms: float, steps: int) -> None:
     shard = mn.scatter_dataset(data if comm.rank == 0 else None, comm, shuffle=True, seed=0)
     global_times: list[float] = []
     serial_times: list[float] = []
-    for _ in range(3):  # alternated, so a busy moment of the machine hits both alike
-        global_times += step_times(mn.create_global_batch_iterator(data, batch, comm), 0.0, 5)[0]
-        serial_times += step_times(
-            chainer.iterators.SerialIterator(shard, batch // comm.size), 0.0, 5
-        )[0]
+    ratios: list[float] = []
+    for _ in range(rounds):  # alternated, so a busy moment of the machine hits both alike
+        g = step_times(mn.create_global_batch_iterator(data, batch, comm), 0.0, 5)[0]
+        s = step_times(chainer.iterators.SerialIterator(shard, batch // comm.size), 0.0, 5)[0]
+        global_times += g
+        serial_times += s
+        ratios.append(statistics.median(g) / statistics.median(s))
     results["global_step_ms"] = median_ms(global_times)
     results["scatter_step_ms"] = median_ms(serial_times)
+    results["overhead_ratios"] = ratios
 
     def next_times(iterator: Any) -> float:
         for _ in range(5):
@@ -125,7 +128,7 @@ def worker(batch: int, ms: float, steps: int) -> None:
         print("RESULT " + json.dumps(results), flush=True)
 
 
-def launch(n: int, batch: int, ms: float, steps: int) -> dict[str, Any]:
+def launch(n: int, batch: int, ms: float, steps: int, rounds: int) -> dict[str, Any]:
     from testkit.ranks import find_mpiexec, mpi_env
 
     cmd = [
@@ -142,6 +145,8 @@ def launch(n: int, batch: int, ms: float, steps: int) -> dict[str, Any]:
         str(ms),
         "--steps",
         str(steps),
+        "--rounds",
+        str(rounds),
     ]
     proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=900)
     for line in proc.stdout.splitlines():
@@ -157,12 +162,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="global batch (default 64)")
     parser.add_argument("--ms", type=float, default=1.0, help="sleep per example, fast rank")
     parser.add_argument("--steps", type=int, default=30, help="measured steps per variant")
+    parser.add_argument("--rounds", type=int, default=5, help="alternations, overhead part")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.batch, args.ms, args.steps)
+        worker(args.batch, args.ms, args.steps, args.rounds)
         return
-    r = launch(args.n, args.batch, args.ms, args.steps)
+    r = launch(args.n, args.batch, args.ms, args.steps, args.rounds)
     print(
         f"{r['ranks']} ranks, global batch {r['batch']}, rank 1 3x slower per example "
         f"({r['ms']:g} ms vs {3 * r['ms']:g} ms), median of {r['steps']} steps"
@@ -175,7 +181,9 @@ def main() -> None:
     print(
         f"no slowdown: step time global iterator {r['global_step_ms']:.2f} ms, scatter_dataset + "
         f"SerialIterator {r['scatter_step_ms']:.2f} ms: ratio "
-        f"{r['global_step_ms'] / r['scatter_step_ms']:.2f}x"
+        f"{r['global_step_ms'] / r['scatter_step_ms']:.2f}x (per alternation: "
+        f"{', '.join(f'{x:.2f}' for x in r['overhead_ratios'])}; median "
+        f"{statistics.median(r['overhead_ratios']):.2f}x)"
     )
     print(
         f"next(): global (even) {r['global_next_us']:.0f} us, global (speed, one allgather) "
