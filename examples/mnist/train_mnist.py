@@ -36,7 +36,7 @@ def synthetic_mnist(n_train, n_test, seed=0):
     rng = np.random.RandomState(seed)
 
     def make(n):
-        x = rng.rand(n, 784).astype(np.float32)
+        x = rng.rand(n, 784).astype(chainer.get_dtype())  # CHAINER_DTYPE=float64 runs too
         t = rng.randint(0, 10, size=n).astype(np.int32)
         return chainer.datasets.TupleDataset(x, t)
 

@@ -176,6 +176,22 @@ def _convert_with_progress(
     "[default: 5].",
 )
 @click.option(
+    "--data",
+    type=click.Choice(["scatter", "global"]),
+    default=None,
+    help="scatter: each rank trains on its shard (scatter_dataset) [default]; global: every rank "
+    "holds the whole training set and reads its part of one global batch "
+    "(mn.create_global_batch_iterator, mn.extensions.global_snapshot): the same training at any "
+    "number of ranks, resumable at any number, for a copy of the data per rank.",
+)
+@click.option(
+    "--grow-batch",
+    is_flag=True,
+    help="Replace learning-rate decay (ExponentialShift, StepShift, MultistepShift, a plain "
+    "'lr *= r' extension) with mn.extensions.GrowBatch: the global batch grows instead. "
+    "Implies --data global and --scaling strong.",
+)
+@click.option(
     "--model-parallel",
     type=click.Choice(["none", "channel", "spatial"]),
     default="none",
@@ -202,6 +218,8 @@ def convert(
     scaling: str,
     scale_lr: str,
     warmup_epochs: int | None,
+    data: str | None,
+    grow_batch: bool,
     model_parallel: str,
     report_path: Path | None,
     color: bool | None,
@@ -216,6 +234,7 @@ def convert(
         raise click.UsageError(f"--check writes nothing; drop {modes[0]}")
     if warmup_epochs is not None and scale_lr != "linear":
         raise click.UsageError("--warmup-epochs only applies with --scale-lr linear")
+    data, scaling = _data_options(data, grow_batch, scaling, target, model_parallel)
     if output is not None:
         _check_output(src, output)
     if outtree is not None:
@@ -227,6 +246,8 @@ def convert(
         scale_lr=scale_lr,  # type: ignore[arg-type]
         warmup_epochs=5 if warmup_epochs is None else warmup_epochs,
         model_parallel=model_parallel,  # type: ignore[arg-type]
+        data=data,  # type: ignore[arg-type]
+        grow_batch=grow_batch,
     )
     failures = _Failures()
     gathered = _gather(src, failures)
@@ -277,6 +298,38 @@ def convert(
         sys.exit(2)
     if check and any(r.changed for r in results):
         sys.exit(1)
+
+
+def _data_options(
+    data: str | None, grow_batch: bool, scaling: str, target: str, model_parallel: str
+) -> tuple[str, str]:
+    """``--data`` and ``--scaling`` as the conversion uses them: ``--grow-batch`` implies
+    ``--data global`` and ``--scaling strong`` (the script's batch is the global batch it
+    grows) and refuses an explicit contradiction; the global iterator is mnify's only."""
+    if grow_batch:
+        if data == "scatter":
+            raise click.UsageError("--grow-batch grows the global batch: it needs --data global")
+        if scaling == "weak" and _given("--scaling"):
+            raise click.UsageError(
+                "--grow-batch keeps the script's batch as the global batch: it needs "
+                "--scaling strong"
+            )
+        data, scaling = "global", "strong"
+    data = data or "scatter"
+    if data == "global" and target != "mnify":
+        raise click.UsageError(
+            "--data global needs --target mnify (ChainerMN has no global-batch iterator)"
+        )
+    if data == "global" and model_parallel != "none":
+        raise click.UsageError("--data global is data parallel: drop --model-parallel")
+    return data, scaling
+
+
+def _given(option: str) -> bool:
+    """Whether the user typed ``option`` (click reports defaults and explicit values alike)."""
+    context = click.get_current_context()
+    source = context.get_parameter_source(option.lstrip("-").replace("-", "_"))
+    return source is not None and source.name == "COMMANDLINE"
 
 
 def next_steps(report: Report, scaling: str, script: str | None) -> list[str]:

@@ -20,7 +20,7 @@ import libcst as cst
 
 from mnify import vocabulary as vocab
 from mnify.program.facts import CallFact
-from mnify.rewrites import evaluator
+from mnify.rewrites import evaluator, global_data
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import Guard, NodeFn, expression, statement
 from mnify.rewrites.iterators import (
@@ -76,6 +76,7 @@ def plan(ctx: FileContext) -> None:
         # Chainer's own iterators shuffle a shard freely; another iterator may read its data in
         # order (a token stream, windows of a corpus): it gets a contiguous shard.
         train = is_training_iterator(call.node) and vocab.is_iterator(call.qname)
+        whole = global_data.replaces(ctx, call)  # --data global: every rank holds all of it
         if id(stmt) in ctx.facts.under_rank_test:
             # A scatter here would run on some ranks only (a deadlock): leave it to a person.
             ctx.note(
@@ -103,7 +104,7 @@ def plan(ctx: FileContext) -> None:
             item.first_iterator = min(item.first_iterator, index)
             item.firsts[name] = min(item.firsts.get(name, index), index)
             item.datasets[name] = item.datasets.get(name, False) or train
-            if name in hand_evaluated:
+            if name in hand_evaluated or whole:
                 item.broadcast.add(name)
             item.sites.append(call)
             if not vocab.is_iterator(call.qname):
@@ -114,8 +115,8 @@ def plan(ctx: FileContext) -> None:
                     item.datasets[companion] = False
         else:
             inner = ctx.facts.call_of(arg.value)
-            if inner is not None and vocab.is_scatter(inner.qname):
-                continue  # scattered inline already
+            if (inner is not None and vocab.is_scatter(inner.qname)) or whole:
+                continue  # scattered inline already, or whole on every rank (--data global)
             comm = ctx.comm_at(call.func, "dataset")
             if comm is None:
                 ctx.note(call.node, "dataset", "needs-person", "scatter this dataset by hand")
@@ -331,9 +332,8 @@ def _plan_group(
         if by_slice:
             parts.append(f"slice {', '.join(by_slice)} by {index_of}")
         if whole:
-            parts.append(
-                f"hand {', '.join(whole)} whole to every rank with bcast_obj (evaluated by hand)"
-            )
+            why = "--data global" if ctx.options.global_data else "evaluated by hand"
+            parts.append(f"hand {', '.join(whole)} whole to every rank with bcast_obj ({why})")
         return "; ".join(parts)
 
     said = scattered(_in_order(ordered, body, defs))

@@ -12,6 +12,7 @@ CommunicatorChoice = Literal["auto", "naive", "flat", "hierarchical", "pure_nccl
 Scaling = Literal["weak", "strong"]
 ModelParallel = Literal["none", "channel", "spatial"]
 ScaleLr = Literal["none", "linear"]
+DataMode = Literal["scatter", "global"]
 
 
 @dataclass(frozen=True)
@@ -25,15 +26,30 @@ class ConvertOptions:
     # --scale-lr linear: learning rate x comm.size, reached by a linear warm-up (weak scaling)
     scale_lr: ScaleLr = "none"
     warmup_epochs: int = 5
+    # --data global: every rank holds the whole training set and reads its part of one global
+    # sample schedule (mn.create_global_batch_iterator, docs/global_batch.md); scatter: shards
+    data: DataMode = "scatter"
+    # --grow-batch: learning-rate decay becomes mn.extensions.GrowBatch (implies --data global
+    # and --scaling strong)
+    grow_batch: bool = False
     # Files already distributed (ChainerMN, mnify output) are left unchanged; tests switch this
     # off to prove that the rewrites themselves are idempotent.
     leave_distributed: bool = True
     # Only the rewrites fixing these lint rules run (``mnify lint --fix``); None: all of them.
     only_codes: frozenset[str] | None = None
 
+    def __post_init__(self) -> None:
+        if self.grow_batch and (self.data != "global" or self.scaling != "strong"):
+            raise ValueError("grow_batch needs data='global' and scaling='strong'")
+
     @property
     def data_parallel(self) -> bool:
         return self.model_parallel == "none"
+
+    @property
+    def global_data(self) -> bool:
+        """The training set whole on every rank, read through the global-batch iterator."""
+        return self.data == "global" and self.data_parallel
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import libcst as cst
 
 from mnify import vocabulary as vocab
 from mnify.program.facts import CallFact
+from mnify.rewrites import global_data
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression, statement
 from mnify.rewrites.iterators import is_training_iterator, iterator_calls
@@ -99,8 +100,8 @@ def _converted(code: str) -> bool:
 def _batch_sizes(ctx: FileContext, batch: _Batch) -> None:
     """Report the per-rank and the global batch; with strong scaling, divide the batch."""
     call, code = batch.call, batch.code
-    if _converted(code):
-        return  # converted before: its report was made then
+    if _converted(code) or global_data.replaces(ctx, call):
+        return  # converted before, or the global batch of --data global (step global-data)
     operand = code if batch.simple else f"({code})"
     if ctx.options.scaling == "weak":
         ctx.note(

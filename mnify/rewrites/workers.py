@@ -13,6 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.rewrites import global_data
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
 from mnify.rewrites.registry import rewrite
@@ -37,6 +38,8 @@ def plan(ctx: FileContext) -> None:
     for call in ctx.facts.calls:
         if not vocab.is_multiprocess_iterator(call.qname) or call.stmt is None:
             continue
+        if global_data.replaces(ctx, call):
+            continue  # --data global: the global-batch iterator has no workers
         arg = n_processes_arg(call.node)
         if arg is not None and "intra_size" in ctx.code(arg.value):
             continue  # divided before
