@@ -85,6 +85,14 @@ class _WrapperBase:
         object.__setattr__(self, "communicator", communicator)
         object.__setattr__(self, "zero_fill", zero_fill)
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: PLE0307 -- the point: report the wrapped class
+        """The wrapped optimizer's class, so that ``isinstance(opt, chainer.optimizers.Adam)``
+        holds and code dispatching on ``opt.__class__`` (``functools.singledispatch``) takes the
+        user's optimizer's branch. ``type(opt)`` still names the wrapper."""
+        actual = self.__dict__.get("actual_optimizer")
+        return type(self) if actual is None else type(actual)
+
     @property
     def _target(self) -> Any:
         """The model the wrapped optimizer was set up with."""
