@@ -44,7 +44,9 @@ class GlobalSnapshot(extension.Extension):  # type: ignore[misc]
     """The extension :func:`global_snapshot` returns; see the module docstring."""
 
     trigger = (1, "epoch")
-    priority = extension.PRIORITY_READER  # after the others updated their state, like snapshot
+    # Chainer's snapshot's: after the other extensions of the same iteration updated their
+    # state (a GrowBatch on the same trigger has already grown the global batch)
+    priority = -100
 
     def __init__(
         self, filename: str, comm: CommunicatorBase | None = None, target: Any = None
