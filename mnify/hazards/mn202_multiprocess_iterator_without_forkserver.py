@@ -18,6 +18,7 @@ from mnify import vocabulary as N
 from mnify.hazards.rule import Rule
 from mnify.hazards.start_method import start_method
 from mnify.program.context import LintContext
+from mnify.rewrites import global_data
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import statement
 from mnify.rewrites.registry import rewrite
@@ -121,7 +122,12 @@ def fix(ctx: FileContext) -> None:
 def _plan(ctx: FileContext) -> list[cst.BaseStatement]:
     facts = ctx.facts
     has_preamble = any(c.qname == "multiprocessing.set_start_method" for c in facts.calls)
-    mp_calls = [c for c in facts.calls if N.is_multiprocess_iterator(c.qname)]
+    # --data global replaces a training MultiprocessIterator by the global iterator: no workers
+    mp_calls = [
+        c
+        for c in facts.calls
+        if N.is_multiprocess_iterator(c.qname) and not global_data.replaces(ctx, c)
+    ]
     entry = ctx.entry
     if not mp_calls or has_preamble or entry is None:
         return []
