@@ -52,6 +52,7 @@ MAX_FILES = 2000  # files a rank records (a rank writing per-example images stop
 MAX_SKIPPED = 10_000  # exempt files remembered, so their next opens return early
 EXCHANGE_SECONDS = 10.0  # how long rank 0 waits for a rank's record after the exit barrier
 _TAG = 7321
+READ_MODES = frozenset({"r", "rb", "rt", "br", "tr"})  # open()'s and io.open_code's read modes
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,14 @@ def audit_hook(record: WriteRecord) -> Callable[[str, tuple[Any, ...]], None]:
     def hook(event: str, args: tuple[Any, ...]) -> None:
         if event not in events:
             return
-        found = write_of(event, args)
-        if found is not None:
-            record.note(found[1], getframe(1))
+        try:
+            if event == "open" and args[1] in READ_MODES:
+                return  # imports, datasets: most opens read
+            found = write_of(event, args)
+            if found is not None:
+                record.note(found[1], getframe(1))
+        except Exception:
+            return  # an exception here would fail the user's open (sys.audit("open") by hand)
 
     return hook
 

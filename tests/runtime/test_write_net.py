@@ -199,6 +199,13 @@ def test_reads_other_events_and_exempt_files_are_not_recorded(
     assert list(record.files) == [str(tmp_path / "result" / "snapshot_iter_4")]
 
 
+def test_the_hook_never_raises_into_the_code_that_raised_the_event() -> None:
+    hook = audit_hook(WriteRecord(filter=WriteFilter()))
+    hook("open", ())  # sys.audit("open") by hand
+    hook("open", ("x", ["w"], 0))  # a mode nobody hashes
+    hook("os.rename", (object(),))
+
+
 def test_os_open_flags_count_as_a_write(project: tuple[Any, Any], tmp_path: Path) -> None:
     record = WriteRecord(filter=WriteFilter())
     hook = audit_hook(record)
