@@ -497,11 +497,13 @@ def emit_helper_fetches(ctx: FileContext) -> None:
         stmts = list(helper.body.body)
         first = 1 if stmts and _is_docstring(stmts[0]) and len(stmts) > 1 else 0
         ctx.plan.insert_before(stmts[first], [statement(fetch)])
+        cls = ctx.facts.func_class.get(id(helper))
+        name = f"{cls.name.value}.{helper.name.value}" if cls is not None else helper.name.value
         ctx.note(
             stmts[first],
             "communicator",
             "changed",
-            f"{helper.name.value}() trains with an optimizer it does not hand back: it keeps its "
+            f"{name}() trains with an optimizer it does not hand back: it keeps its "
             f"signature and takes the communicator main() created with "
             f"{ctx.runtime.top('current_communicator')}()",
         )

@@ -163,7 +163,10 @@ class FileContext(SourceFile):
         scope = self._outermost(func)
         if isinstance(scope, cst.FunctionDef):
             return self._training_helpers.get(id(scope))
-        return None
+        method: object = func
+        while method is not None and self.facts.func_parent.get(id(method)) is not scope:
+            method = self.facts.func_parent.get(id(method))
+        return self._training_helpers.get(id(method)) if method is not None else None
 
     def _find_training_helpers(self) -> dict[int, cst.FunctionDef]:
         entry = self.entry
@@ -185,6 +188,38 @@ class FileContext(SourceFile):
             )
             if trains and called and entry.comm not in names_in([helper]):
                 found[id(helper)] = helper
+        for name, cls in self.facts.classes.items():
+            for method in self._methods_keeping_an_optimizer(cls):
+                built = [
+                    c
+                    for c in self.facts.calls
+                    if c.qname.lstrip(".") == name and c.stmt is not None and self._in_entry(c.func)
+                ]
+                if (
+                    built
+                    and not any(self.before_comm_exists(c.stmt) for c in built if c.stmt)
+                    and entry.comm not in names_in([method])
+                ):
+                    found[id(method)] = method
+        return found
+
+    def _methods_keeping_an_optimizer(self, cls: cst.ClassDef) -> list[cst.FunctionDef]:
+        """Methods of a module-level class that build an optimizer and keep it (on ``self``)
+        rather than return it: a training class (``Runner(model, lr)`` whose ``__init__`` sets
+        ``self.opt = SGD(lr)`` and whose ``step`` updates it), built by the entry point. Such a
+        method takes the entry point's communicator with ``mn.current_communicator()``."""
+        found: list[cst.FunctionDef] = []
+        for c in self.facts.calls:
+            method = c.func
+            if (
+                method is None
+                or self.facts.func_class.get(id(method)) is not cls
+                or method in found
+                or not vocab.is_optimizer(c.qname)
+                or self.returns_value_of(method, c.node)
+            ):
+                continue
+            found.append(method)
         return found
 
     def under_rank0_guard(self, stmt: cst.BaseStatement) -> bool:

@@ -18,8 +18,15 @@ becomes ``len(x_train)``. Arrays indexed only in loops that do not train (evalua
 whole, so evaluation sees the whole held-out set. A loop inside a training function that indexes
 its parameters (``def train_epoch(model, opt, xs, ys, b)``) has the arrays its callers pass
 scattered before the call, also where the caller is another file of the tree (a v1-era
-``loop.py`` called each epoch from ``train.py``: scattered once, before the epoch loop). A loop
-whose data the converter cannot find is reported as needing a person, with its line.
+``loop.py`` called each epoch from ``train.py``: scattered once, before the epoch loop). The step may
+also be a call of a training-step function of the file (a function or method that updates an
+optimizer once per call: ``losses = [runner.step(x[b], t[b]) for b in np.array_split(perm, k)]``),
+in a loop or a comprehension, and the batches may come from the file's generator or iterable
+class (``for xb, yb in Batches(x[:800], y[:800], 50)``, ``next(it)`` in a ``while`` loop) or
+from ``np.array_split(x, k)`` itself (``rewrites/batch_sources.py``): data given as an
+expression is scattered where it is written (``Batches(mn.scatter_dataset(x[:800], comm,
+shuffle=True, seed=0), ...)``). A loop whose data the converter cannot find is reported as
+needing a person, with its line.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import libcst as cst
 
 from mnify import vocabulary as vocab
 from mnify.program.facts import CallFact
+from mnify.rewrites import batch_sources
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import expression, statement
 from mnify.rewrites.registry import rewrite
@@ -119,6 +127,8 @@ class _Loop:
     arrays: list[str] = field(default_factory=list)  # plain names holding training data
     members: list[str] = field(default_factory=list)  # ``self.x``: attributes holding it
     counts: list[cst.BaseExpression] = field(default_factory=list)  # N in range(0, N, b)
+    # data given as an expression (``Batches(x[:800], ...)``): scattered where it is written
+    inline: list[cst.BaseExpression] = field(default_factory=list)
     splits_batches: bool = False  # np.array_split(perm, n_batches): batches get smaller
 
 
@@ -170,47 +180,42 @@ def _inside(ctx: FileContext, stmt: cst.BaseStatement | None, outer: cst.BaseSta
 
 
 def _step_calls(ctx: FileContext) -> list[CallFact]:
-    """``optimizer.update(...)`` calls inside loops, one per loop nest."""
+    """``optimizer.update(...)`` calls inside loops, and calls of the file's training-step
+    functions inside loops or comprehensions (``[step(x[b], t[b]) for b in batches]``): one
+    per loop nest (a statement, for a comprehension outside any loop)."""
     found: list[CallFact] = []
     roots: set[int] = set()
-    optimizers = {
-        t
-        for a in ctx.facts.assigns
-        if (fact := ctx.facts.call_of(a.value)) is not None and vocab.is_optimizer(fact.qname)
-        for t in a.targets
-    }
+    optimizers = batch_sources.optimizer_names(ctx)
     for c in ctx.facts.calls:
-        func = c.node.func
-        if c.method != "update" or c.stmt is None or not isinstance(func, cst.Attribute):
+        if not batch_sources.is_optimizer_step(c, optimizers):
             continue
-        owner = (dotted_name(func.value) or "").rsplit(".", 1)[-1]
-        if owner not in optimizers and "opt" not in owner.lower():
-            continue  # dict.update, Counter.update: not an optimizer step
+        assert c.stmt is not None
         loops = _enclosing_loops(ctx, c.stmt)
-        if not loops or id(loops[-1]) in roots:
+        if not batch_sources.repeated(ctx, c):
             continue
-        roots.add(id(loops[-1]))
+        root = loops[-1] if loops else c.stmt
+        if id(root) in roots:
+            continue
+        roots.add(id(root))
+        found.append(c)
+    for c in batch_sources.step_sites(ctx, batch_sources.step_functions(ctx)):
+        assert c.stmt is not None
+        loops = _enclosing_loops(ctx, c.stmt)
+        root = loops[-1] if loops else c.stmt
+        if id(root) in roots or any(_inside(ctx, c.stmt, r) for r in _roots_of(found, ctx)):
+            continue
+        roots.add(id(root))
         found.append(c)
     return found
 
 
-def _generator(ctx: FileContext, call: cst.Call) -> cst.FunctionDef | None:
-    """The module's own generator function a ``for`` loop iterates over, if it is one."""
-    name = dotted_name(call.func)
-    func = ctx.facts.module_functions.get(name or "")
-    if func is None:
-        return None
-    yields: list[cst.Yield] = []
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_Yield(self, n: cst.Yield) -> None:
-            yields.append(n)
-
-        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
-            return n is func
-
-    func.visit(_Visitor())
-    return func if yields else None
+def _roots_of(steps: list[CallFact], ctx: FileContext) -> list[cst.BaseStatement]:
+    roots = []
+    for step in steps:
+        assert step.stmt is not None
+        loops = _enclosing_loops(ctx, step.stmt)
+        roots.append(loops[-1] if loops else step.stmt)
+    return roots
 
 
 def _indexed_by(sub: cst.Subscript, local: set[str]) -> bool:
@@ -222,11 +227,12 @@ def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
     """What the optimizer step of one loop nest trains on (None: an iterator feeds it)."""
     assert step.stmt is not None
     loops = _enclosing_loops(ctx, step.stmt)
-    root = loops[-1]
+    clauses = batch_sources.comprehension_clauses(step.stmt, step.node)
+    root = loops[-1] if loops else step.stmt
     if _is_iterator_fed(ctx, root):
         return None
     loop = _Loop(root, step)
-    inner = loops[0]
+    inner = loops[0] if loops else step.stmt
     local = _bound_in([root])
     # what the loss is computed from: the step's arguments, or what backward() was called on
     needed = _names(step.node)
@@ -238,6 +244,9 @@ def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
     changed = True
     chain = {id(x) for x in loops}
     on_chain = [x for x in _statements(root) if _on_chain(ctx, x, root, chain)]
+    heads: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []  # (target, iterable)
+    heads += [(x.target, x.iter) for x in loops if isinstance(x, cst.For)]
+    heads += [(c.target, c.iter) for c in clauses]
     while changed:
         changed = False
         for s in on_chain:
@@ -249,15 +258,11 @@ def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
                         on_path.add(id(small))
                         needed |= _names(small)
                         changed = True
-            elif (
-                isinstance(s, cst.For)
-                and id(s) in chain
-                and set(target_names(s.target)) & needed
-                and id(s.iter) not in on_path
-            ):
-                path.append(s.iter)
-                on_path.add(id(s.iter))
-                needed |= _names(s.iter)
+        for target, iterable in heads:
+            if set(target_names(target)) & needed and id(iterable) not in on_path:
+                path.append(iterable)
+                on_path.add(id(iterable))
+                needed |= _names(iterable)
                 changed = True
     # names used to index (perm, batch = indices[k:k + b]): what they are cut from is an
     # index list, not data; it follows the data's new length where it is made from it
@@ -280,8 +285,7 @@ def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
             if isinstance(value, cst.Name) and value.value in index_lists:
                 continue
             if isinstance(value, cst.Name) and value.value not in local:
-                if value.value not in loop.arrays:
-                    loop.arrays.append(value.value)
+                _add_array(loop, value)
             elif (
                 isinstance(value, cst.Attribute)
                 and isinstance(value.value, cst.Name)
@@ -290,16 +294,80 @@ def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
                 if value.attr.value not in loop.members:
                     loop.members.append(value.attr.value)
         for call in _calls(node):
-            gen = _generator(ctx, call)
-            if gen is not None:
-                for name in _generator_data(gen, call):
-                    if name not in local and name not in loop.arrays:
-                        loop.arrays.append(name)
+            for given in batch_sources.source_data(ctx, call) or []:
+                if not (_names(given) & local):
+                    _add_array(loop, given)
             if (dotted_name(call.func) or "").endswith("array_split"):
                 loop.splits_batches = True
-    heads: list[cst.CSTNode] = [x.iter for x in loops if isinstance(x, cst.For)]
-    _counts(loop, [*heads, *path], local)
+    _batch_sources(ctx, loop, path, heads, local, indexing)
+    _counts(loop, [h[1] for h in heads if h[1] is not None] + path, local)
     return loop
+
+
+def _add_array(loop: _Loop, expr: cst.BaseExpression) -> None:
+    """Training data: a plain name is scattered where it is bound, an expression
+    (``x[:800]`` given to a batch class) where it is written."""
+    if isinstance(expr, cst.Name):
+        if expr.value not in loop.arrays:
+            loop.arrays.append(expr.value)
+    elif all(e is not expr for e in loop.inline):
+        loop.inline.append(expr)
+
+
+def _batch_sources(
+    ctx: FileContext,
+    loop: _Loop,
+    path: list[cst.CSTNode],
+    heads: list[tuple[cst.BaseExpression, cst.BaseExpression]],
+    local: set[str],
+    indexing: set[str],
+) -> None:
+    """Batches drawn from what the loop iterates: a loop header or ``next(it)`` over the file's
+    generator or iterable class (also bound to a name before the loop: ``it = iter(Batches(x,
+    y, 50))``), or over ``np.array_split(x, k)`` when the batches it yields are the data
+    themselves, not positions that index it."""
+    iterables: list[tuple[cst.BaseExpression | None, cst.BaseExpression]] = [
+        (t, i) for t, i in heads if any(i is p for p in path)
+    ]
+    iterables += [(None, e) for node in path for e in batch_sources.iterated(node)]
+    for target, iterable in iterables:
+        expr = batch_sources.unwrap_iter(iterable)
+        if isinstance(expr, cst.Name) and expr.value not in local:
+            expr = batch_sources.unwrap_iter(_value_before(ctx, loop, expr.value) or expr)
+        sources = [expr]
+        if isinstance(expr, cst.Call) and dotted_name(expr.func) == "zip":
+            sources = [a.value for a in expr.args if not a.star]
+        for source in sources:
+            if not isinstance(source, cst.Call):
+                continue
+            for given in batch_sources.source_data(ctx, source) or []:
+                if not (_names(given) & local):
+                    _add_array(loop, given)
+            cut = batch_sources.split_data(source)
+            positions = target is not None and bool(set(target_names(target)) & indexing)
+            if cut is not None and not positions and not (_names(cut) & local):
+                if not (isinstance(cut, cst.Name) and _index_order(ctx, loop, cut.value)):
+                    _add_array(loop, cut)
+                    loop.splits_batches = True
+
+
+def _value_before(ctx: FileContext, loop: _Loop, name: str) -> cst.BaseExpression | None:
+    """The value ``name`` is bound to once, in the loop's function, outside the loop."""
+    binds = [
+        a
+        for a in ctx.facts.assigns_of(name)
+        if a.func is loop.step.func and a.stmt is not None and not _inside(ctx, a.stmt, loop.root)
+    ]
+    if len(binds) != 1 or not isinstance(binds[0].node, cst.Assign):
+        return None
+    return binds[0].value
+
+
+def _index_order(ctx: FileContext, loop: _Loop, name: str) -> bool:
+    """``name`` holds positions (a permutation or ``arange``), not data."""
+    value = _value_before(ctx, loop, name)
+    made = ctx.facts.call_of(value)
+    return made is not None and vocab.last(made.qname) in ("permutation", "arange")
 
 
 def _on_chain(
@@ -314,29 +382,6 @@ def _on_chain(
             return False
         current = parent
     return True
-
-
-def _generator_data(gen: cst.FunctionDef, call: cst.Call) -> list[str]:
-    """The arguments a generator indexes by names it binds (``x[excerpt]``): its data."""
-    params = [p.name.value for p in gen.params.params]
-    inner = _bound_in([gen.body])
-    indexed = {
-        sub.value.value
-        for sub in _subscripts(gen.body)
-        if isinstance(sub.value, cst.Name) and _indexed_by(sub, inner)
-    }
-    found: list[str] = []
-    for i, arg in enumerate(call.args):
-        if arg.star or not isinstance(arg.value, cst.Name):
-            continue
-        param = (
-            arg.keyword.value
-            if arg.keyword is not None
-            else (params[i] if i < len(params) else None)
-        )
-        if param in indexed:
-            found.append(arg.value.value)
-    return found
 
 
 def _counts(loop: _Loop, nodes: list[cst.CSTNode], local: set[str]) -> None:
@@ -375,6 +420,7 @@ def _scope_binds(ctx: FileContext, func: cst.FunctionDef | None, name: str) -> b
 def plan(ctx: FileContext) -> None:
     if not ctx.options.data_parallel:
         return
+    done: set[tuple[int, str, tuple[int, ...]]] = set()  # arrays scattered already
     for step in _step_calls(ctx):
         if ctx.suppressed(step.node, _STEP):
             continue
@@ -384,7 +430,7 @@ def plan(ctx: FileContext) -> None:
         if loop.members:
             _plan_members(ctx, loop)
             continue
-        if not loop.arrays:
+        if not loop.arrays and not loop.inline:
             ctx.note(
                 loop.root,
                 _STEP,
@@ -394,10 +440,14 @@ def plan(ctx: FileContext) -> None:
                 "before the loop",
             )
             continue
-        _plan_arrays(ctx, loop)
+        _plan_arrays(ctx, loop, done)
 
 
-def _plan_arrays(ctx: FileContext, loop: _Loop) -> None:
+def _plan_arrays(
+    ctx: FileContext, loop: _Loop, done: set[tuple[int, str, tuple[int, ...]]]
+) -> None:
+    """Scatter the loop's arrays (once per binding: a second loop over the same arrays trains
+    on the share the first one's scatter made)."""
     func = loop.step.func
     if id(loop.root) in ctx.facts.under_rank_test:
         ctx.note(loop.root, _STEP, "needs-person", "this training loop runs under a rank check")
@@ -413,18 +463,23 @@ def _plan_arrays(ctx: FileContext, loop: _Loop) -> None:
         )
         return
     comm = ctx.comm_at(func, _STEP)
-    if comm is None and func is not None and _plan_at_calls(ctx, loop, func):
-        return
-    if comm is None and func is not None and _left_to_other_files(ctx, loop, func):
-        return
+    if comm is None and func is not None and not loop.inline:
+        if _plan_at_calls(ctx, loop, func) or _left_to_other_files(ctx, loop, func):
+            return
     if comm is None:
         ctx.note(loop.root, _STEP, "needs-person", CANNOT_SEE_COMM)
+        return
+    if not loop.arrays:
+        _plan_inline(ctx, loop, comm)
         return
     first = loop.arrays[0]
     names = [c.value for c in loop.counts if isinstance(c, cst.Name) and c.value not in loop.arrays]
     names = [n for n in names if _scope_binds(ctx, func, n)]
     after = _last_binding(ctx, loop.root, [*loop.arrays, *names])
-    new = _scatters(ctx, loop.arrays, comm)
+    keys = {a: _binding_key(ctx, func, a) for a in loop.arrays}
+    fresh = [a for a in loop.arrays if keys[a] not in done]
+    done.update(keys.values())
+    new = _scatters(ctx, fresh, comm)
     new += [statement(f"{n} = len({first})\n") for n in names]
     if after is None:
         ctx.plan.insert_before(loop.root, new)
@@ -440,6 +495,8 @@ def _plan_arrays(ctx: FileContext, loop: _Loop) -> None:
             counted.append(ctx.code(count))
     said = f"the hand-written training loop's data {', '.join(loop.arrays)} is scattered: each "
     said += "rank trains on its own share (rank 0's copy, shuffled with one seed so rows align)"
+    if loop.inline:
+        said += "; " + _scatter_inline(ctx, loop, comm)
     if counted:
         said += f"; the loop's example count ({', '.join(counted)}) is now the share's length"
     if loop.splits_batches:
@@ -453,6 +510,70 @@ def _plan_arrays(ctx: FileContext, loop: _Loop) -> None:
             said if name == first else f"{name} scattered",
             claim=("scattered", name),
         )
+
+
+def _binding_key(
+    ctx: FileContext, func: cst.FunctionDef | None, name: str
+) -> tuple[int, str, tuple[int, ...]]:
+    """``name`` as bound in ``func``: the statements that bind it there."""
+    binds = tuple(sorted(id(a.node) for a in ctx.facts.assigns_of(name) if a.func is func))
+    return (id(func), name, binds)
+
+
+def _plan_inline(ctx: FileContext, loop: _Loop, comm: str) -> None:
+    """Data given to a batch source as expressions only (``Batches(x[:800], y[:800], 50)``)."""
+    if loop.counts:
+        ctx.note(
+            loop.root,
+            _STEP,
+            "needs-person",
+            f"the training loop's data ({', '.join(ctx.code(e) for e in loop.inline)}) is "
+            "scattered where it is given, but the loop's example count is not the share's "
+            "length: count the share",
+        )
+        return
+    said = _scatter_inline(ctx, loop, comm)
+    if loop.splits_batches:
+        said += "; a fixed number of batches per epoch now cuts the share: batches get smaller"
+    ctx.note(loop.root, _STEP, "changed", said[0].upper() + said[1:])
+
+
+def _scatter_inline(ctx: FileContext, loop: _Loop, comm: str) -> str:
+    """Scatter each expression given as data where it is written; what the report says."""
+    scatter = ctx.runtime.top("scatter_dataset")
+    shown = []
+    for expr in loop.inline:
+        holder = _inline_holder(ctx, loop, expr)
+        code = ctx.code(expr)
+        value = f"{scatter}({code}, {comm}, shuffle=True, seed={_SEED})"
+        ctx.plan.replace_node(expr, lambda _n, v=value: expression(v), holder)  # type: ignore[misc]
+        shown.append(code)
+    where = "where it is given" if len(shown) == 1 else "where they are given"
+    return (
+        f"the data the loop's batches are cut from ({', '.join(shown)}) is scattered {where}, "
+        "each with the same fixed-seed shuffle: each rank trains on its own share"
+    )
+
+
+def _inline_holder(ctx: FileContext, loop: _Loop, expr: cst.CSTNode) -> cst.BaseStatement:
+    """The statement that holds ``expr``: in the loop, or the one binding what it iterates."""
+    holder = _holder(ctx, expr, loop.root)
+    if holder is not loop.root or _header_holds(loop.root, expr):
+        return holder
+    for a in ctx.facts.assigns:
+        if a.func is loop.step.func and a.stmt is not None and expr in _all_nodes(a.node):
+            return a.stmt
+    return holder
+
+
+def _header_holds(stmt: cst.BaseStatement, node: cst.CSTNode) -> bool:
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return node in _all_nodes(stmt)
+    if isinstance(stmt, cst.For):
+        return node in _all_nodes(stmt.iter)
+    if isinstance(stmt, (cst.If, cst.While)):
+        return node in _all_nodes(stmt.test)
+    return False
 
 
 def _holder(ctx: FileContext, node: cst.CSTNode, root: cst.BaseStatement) -> cst.BaseStatement:

@@ -71,14 +71,7 @@ VERIFIED = (
 )
 # (chainermn_already imports ChainerMN itself, whose create_communicator starts no verification)
 # project -> why its verified run has a finding the converter cannot fix (strict xfails)
-VERIFY_FAILURES: dict[str, str] = {
-    "gan_resblocks": (
-        "same-data at gen_models/resnet.py:37: train.py seeds numpy with 1234 on every rank, so "
-        "every rank draws the same generator noise z (the generator's __call__ is overridden: "
-        "its first link, l1(z), is the outermost call verify sees); the converter does not yet "
-        "seed per rank (np.random.seed(1234 + comm.rank))"
-    ),
-}
+VERIFY_FAILURES: dict[str, str] = {}
 
 
 def _params(known: dict[str, str]) -> list[pytest.ParameterSet]:

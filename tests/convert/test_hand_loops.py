@@ -319,3 +319,254 @@ def test_a_call_handing_over_an_expression_leaves_the_loop_to_a_person() -> None
     assert _scattered(entry.output or "") == []
     needs = [e for e in helper.entries if e.severity == "needs-person" and e.step == "hand-loop"]
     assert [e.line for e in needs] == [7]  # the helper's `for i in range(...)` line
+
+
+# ---------------------------------------------------------------- issue 31, item 3: data flow
+def _for_iter_calls(output: str, callee: str) -> list[str]:
+    """The arguments of the ``callee(...)`` calls the output's ``for`` headers iterate."""
+    found = []
+    for node in ast.walk(ast.parse(output)):
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call):
+            if ast.unparse(node.iter.func) == callee:
+                found.extend(ast.unparse(a) for a in node.iter.args)
+    return found
+
+
+def test_comprehension_over_array_split_chunks_scatters_what_is_split() -> None:
+    """``[train_step(...) for xb, yb in zip(np.array_split(x, k), np.array_split(y, k))]``:
+    the step function updates once per call, the comprehension is the loop, x and y are the
+    data the chunks are cut from."""
+    result = convert(
+        script("""\
+        def train_step(model, opt, xb, yb):
+            loss = F.softmax_cross_entropy(model(xb), yb)
+            model.cleargrads()
+            loss.backward()
+            opt.update()
+            return float(loss.array)
+
+
+        def main():
+            x = np.random.rand(400, 5).astype(np.float32)
+            y = (x.sum(axis=1) > 2.5).astype(np.int32)
+            model = L.Linear(5, 2)
+            opt = chainer.optimizers.SGD(lr=0.05)
+            opt.setup(model)
+            for epoch in range(2):
+                losses = [train_step(model, opt, xb, yb)
+                          for xb, yb in zip(np.array_split(x, 8), np.array_split(y, 8))]
+                print(epoch, sum(losses) / len(losses))
+
+
+        main()
+        """)
+    )
+    assert _scattered(result.output or "") == ["x", "y"]
+    assert not [e for e in result.entries if e.severity == "needs-person"]
+
+
+def test_training_step_method_in_a_comprehension_splits_the_indexed_arrays() -> None:
+    """A class keeps the optimizer it builds in ``__init__`` and steps it in ``step``; the entry
+    point calls ``runner.step(x_tr[b], t_tr[b])`` for ``b`` in ``np.array_split(idx, n)``: the
+    optimizer is wrapped in ``__init__`` with main()'s communicator, x_tr and t_tr are scattered
+    (idx is positions made from the share's length, not data)."""
+    result = convert(
+        script("""\
+        class Runner:
+            def __init__(self, model, lr):
+                self.model = model
+                self.opt = chainer.optimizers.SGD(lr=lr)
+                self.opt.setup(model)
+
+            def step(self, x, t):
+                loss = F.softmax_cross_entropy(self.model(x), t)
+                self.model.cleargrads()
+                loss.backward()
+                self.opt.update()
+                return float(loss.array)
+
+
+        def main():
+            x = np.random.rand(500, 20).astype(np.float32)
+            t = np.random.randint(0, 4, 500).astype(np.int32)
+            x_tr, t_tr = x[:400], t[:400]
+            runner = Runner(L.Linear(20, 4), lr=0.1)
+            for ep in range(2):
+                idx = np.random.permutation(len(x_tr))
+                losses = [runner.step(x_tr[b], t_tr[b]) for b in np.array_split(idx, 10)]
+
+
+        main()
+        """)
+    )
+    output = result.output or ""
+    assert _scattered(output) == ["x_tr", "t_tr"]
+    runner = next(n for n in ast.parse(output).body if isinstance(n, ast.ClassDef))
+    init = next(n for n in runner.body if isinstance(n, ast.FunctionDef))
+    assert [ast.unparse(s) for s in init.body[:2]] == [
+        "comm = mn.current_communicator()",
+        "self.model = model",
+    ]
+    assert "mn.create_multi_node_optimizer(chainer.optimizers.SGD(lr=lr), comm)" in ast.unparse(
+        init
+    )
+    said = [e.message for e in result.entries if e.step == "hand-loop" and e.severity == "changed"]
+    assert any("batches get smaller" in m for m in said)
+    assert not [e for e in result.entries if e.severity == "needs-person"]
+
+
+BATCH_CLASS = """\
+class Batches:
+    def __init__(self, inputs, labels, size):
+        self.inputs = inputs
+        self.labels = labels
+        self.size = size
+
+    def __iter__(self):
+        order = np.random.permutation(len(self.inputs))
+        for start in range(0, len(order), self.size):
+            pick = order[start:start + self.size]
+            yield self.inputs[pick], self.labels[pick]
+
+
+"""
+
+
+def test_iterable_class_data_given_as_slices_is_scattered_where_it_is_given() -> None:
+    result = convert(
+        script(
+            BATCH_CLASS
+            + """\
+        def main():
+            data = np.random.rand(1000, 6).astype(np.float32)
+            labels = (data[:, 0] > 0.5).astype(np.int32)
+            model = L.Classifier(L.Linear(6, 2))
+            optimizer = chainer.optimizers.Adam()
+            optimizer.setup(model)
+            for epoch in range(2):
+                for xb, yb in Batches(data[:800], labels[:800], 50):
+                    optimizer.update(model, xb, yb)
+
+
+        main()
+        """
+        )
+    )
+    assert _for_iter_calls(result.output or "", "Batches") == [
+        "mn.scatter_dataset(data[:800], comm, shuffle=True, seed=0)",
+        "mn.scatter_dataset(labels[:800], comm, shuffle=True, seed=0)",
+        "50",
+    ]
+    assert not [e for e in result.entries if e.severity == "needs-person"]
+
+
+def test_while_loop_over_next_of_a_batch_object_made_before_it() -> None:
+    result = convert(
+        script("""\
+        class Feeder:
+            def __init__(self, xs, ts, batch):
+                self.xs, self.ts, self.batch = xs, ts, batch
+                self.pos = 0
+
+            def __next__(self):
+                if self.pos >= len(self.xs):
+                    raise StopIteration
+                window = slice(self.pos, self.pos + self.batch)
+                self.pos += self.batch
+                return self.xs[window], self.ts[window]
+
+
+        def main():
+            xs = np.random.rand(300, 4).astype(np.float32)
+            ts = np.zeros(300, np.int32)
+            model = L.Classifier(L.Linear(4, 2))
+            opt = chainer.optimizers.SGD()
+            opt.setup(model)
+            feed = Feeder(xs, ts, 30)
+            while True:
+                try:
+                    xb, tb = next(feed)
+                except StopIteration:
+                    break
+                opt.update(model, xb, tb)
+
+
+        main()
+        """)
+    )
+    assert _scattered(result.output or "") == ["xs", "ts"]
+
+
+def test_positions_split_into_batches_are_not_data() -> None:
+    """``perm`` made before the loop and cut by ``np.array_split``: its pieces index the arrays,
+    so the arrays are scattered and the permutation is not."""
+    result = convert(
+        script("""\
+        def step(model, opt, xb, tb):
+            opt.update(model, xb, tb)
+
+
+        def main():
+            x = np.random.rand(100, 3).astype(np.float32)
+            t = np.zeros(100, np.int32)
+            model = L.Classifier(L.Linear(3, 2))
+            opt = chainer.optimizers.SGD()
+            opt.setup(model)
+            perm = np.random.permutation(len(x))
+            for b in np.array_split(perm, 5):
+                step(model, opt, x[b], t[b])
+
+
+        main()
+        """)
+    )
+    assert _scattered(result.output or "") == ["x", "t"]
+
+
+def test_two_loops_over_the_same_arrays_scatter_them_once() -> None:
+    result = convert(
+        script("""\
+        def main():
+            x = np.random.rand(300, 4).astype(np.float32)
+            t = np.zeros(300, np.int32)
+            model = L.Classifier(L.Linear(4, 2))
+            opt = chainer.optimizers.SGD()
+            opt.setup(model)
+            for i in range(0, len(x), 30):
+                opt.update(model, x[i:i + 30], t[i:i + 30])
+            for epoch in range(2):
+                perm = np.random.permutation(len(x))
+                for i in range(0, len(x), 30):
+                    opt.update(model, x[perm[i:i + 30]], t[perm[i:i + 30]])
+
+
+        main()
+        """)
+    )
+    assert _scattered(result.output or "") == ["x", "t"]  # once each, not a share of a share
+
+
+def test_comprehension_step_without_a_data_source_needs_a_person_with_its_line() -> None:
+    result = convert(
+        script("""\
+        def step(model, opt, xb, tb):
+            opt.update(model, xb, tb)
+
+
+        def fetch():
+            return np.random.rand(8, 3).astype(np.float32), np.zeros(8, np.int32)
+
+
+        def main():
+            model = L.Classifier(L.Linear(3, 2))
+            opt = chainer.optimizers.SGD()
+            opt.setup(model)
+            losses = [step(model, opt, *fetch()) for _ in range(10)]
+
+
+        main()
+        """)
+    )
+    needs = [e for e in result.entries if e.step == "hand-loop" and e.severity == "needs-person"]
+    assert [e.line for e in needs] == [len(HEAD.splitlines()) + 13]
+    assert _scattered(result.output or "") == []
