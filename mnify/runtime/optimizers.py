@@ -39,7 +39,9 @@ without a loss function on a model whose lazy parameters appeared in the caller'
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import chainer
@@ -64,6 +66,23 @@ def param_signature(target: chainer.Link) -> ParamSignature:
         (name, None if param.array is None else tuple(param.array.shape))
         for name, param in sorted(target.namedparams())
     )
+
+
+@contextlib.contextmanager
+def _reports_dropped() -> Iterator[None]:
+    """What the block reports to the current reporter (if any) is dropped: a rank's loss and
+    accuracy over zero examples must not enter the reported means."""
+    try:
+        reporter = chainer.reporter.get_current_reporter()
+    except IndexError:  # no reporter: reports go nowhere anyway
+        yield
+        return
+    kept = reporter.observation
+    reporter.observation = {}
+    try:
+        yield
+    finally:
+        reporter.observation = kept
 
 
 class _WrapperBase:
@@ -127,7 +146,7 @@ class _WrapperBase:
         if step is None:
             return lossfun(*args, **kwds)
         if step.share == 0:
-            with chainer.reporter.report_scope({}):
+            with _reports_dropped():
                 loss = lossfun(*args, **kwds)
         else:
             loss = lossfun(*args, **kwds)

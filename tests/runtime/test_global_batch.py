@@ -287,3 +287,51 @@ def test_collective_time_is_not_compute_time() -> None:
     clock.collective_leaves(None, "allreduce", 1, False, None)
     now[0] = 4.0
     assert clock.inside == 2.5
+
+
+class _SecondOfTwo:
+    """Rank 1 of 2 for the optimizer wrapper, exchanging nothing (the other rank is imagined)."""
+
+    name, rank, size = "naive", 1, 2
+
+    def bcast_data(self, model: Any) -> None:
+        pass
+
+    def multi_node_mean_grad(self, model: Any, zero_fill: bool = True) -> None:
+        pass
+
+
+@pytest.mark.parametrize("with_reporter", [False, True])
+def test_an_empty_share_contributes_zero_gradient_and_reports_nothing(with_reporter: bool) -> None:
+    """A step whose shares are (3, 0): rank 1 runs the loss on zero examples (Chainer's
+    softmax_cross_entropy backward included), its gradient is zero, and what the model reports
+    is dropped -- with a reporter or without one (a hand loop)."""
+    import chainer
+    import chainer.links as L
+
+    from mnify.runtime.iterators import empty_share_fixes, global_step
+    from mnify.runtime.optimizers import create_multi_node_optimizer
+
+    empty_share_fixes.apply()  # as importing the global-batch iterator does
+    model = L.Classifier(L.Linear(4, 3))
+    opt = create_multi_node_optimizer(chainer.optimizers.SGD(lr=0.1), _SecondOfTwo())
+    opt.setup(model)
+    before = {n: np.array(p.array) for n, p in model.namedparams()}
+    global_step.record(global_step.GlobalStep(1, 3, (3, 0), 1, owner=-7))
+    try:
+        x, t = np.zeros((0, 4), np.float32), np.zeros(0, np.int32)
+        observation: dict[str, Any] = {}
+        if with_reporter:
+            reporter = chainer.Reporter()
+            reporter.add_observer("main", model)
+            with reporter.scope(observation):
+                opt.update(model, x, t)
+        else:
+            opt.update(model, x, t)
+    finally:
+        global_step.withdraw(-7)
+    assert observation == {}
+    assert opt.t == 1
+    for name, param in model.namedparams():
+        assert not np.any(param.grad), name
+        assert np.array_equal(param.array, before[name]), name
