@@ -16,10 +16,12 @@ The barrier is polled (``Test`` and short sleeps): a rank waiting in it leaves t
 ranks still working, and keeps the record ``mnify run`` reads saying "exiting" (not "waiting in
 a collective"), so a rank that left early is still named as such.
 
-What needs every rank. Once every rank is in the barrier, and only then, the callbacks given to
-:func:`when_every_rank_leaves` run on each rank with the barrier's private communicator: the
-write net (:mod:`mnify.runtime.write_net`) sends each rank's written files to rank 0 there. A
-rank that died or hangs never lets the barrier complete, so they never wait on one.
+What needs every rank. After the barrier the callbacks given to :func:`at_exit_barrier` run on
+each rank with the barrier's private communicator and whether every rank came: the write net
+(:mod:`mnify.runtime.write_net`) sends each rank's written files to rank 0 there. A rank that
+died or hangs never lets the barrier complete; a rank whose wait ran out may only leave short
+notes for the others (the barrier of a rank that comes later then completes, as this rank's
+is still pending: so such notes are how it learns this rank is gone).
 
 Singletons. A script (or a test) that creates a communicator without mpiexec runs as a
 singleton, and Open MPI never removes a singleton's 16 MiB segment in ``/dev/shm`` or its
@@ -44,12 +46,13 @@ _LAUNCHED_ENVS = ("PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_SIZE")
 
 _barrier_comm: MPI.Intracomm | None = None
 _registered = False
-_after_barrier: list[Callable[[MPI.Intracomm], None]] = []
+_after_barrier: list[Callable[[MPI.Intracomm, bool], None]] = []
 
 
-def when_every_rank_leaves(callback: Callable[[MPI.Intracomm], None]) -> None:
-    """Run ``callback(comm)`` at exit once every rank has reached the exit barrier (``comm``:
-    the barrier's private duplicate of ``COMM_WORLD``); never when a rank did not come."""
+def at_exit_barrier(callback: Callable[[MPI.Intracomm, bool], None]) -> None:
+    """Run ``callback(comm, every_rank_came)`` at exit after the exit barrier (``comm``: the
+    barrier's private duplicate of ``COMM_WORLD``). With ``every_rank_came`` False this rank
+    waited ``MNIFY_EXIT_BARRIER`` seconds in vain: the callback must not wait for anyone."""
     _after_barrier.append(callback)
 
 
@@ -92,9 +95,9 @@ def _at_exit() -> None:
     if _barrier_comm is None:
         mpi_files.remove(mpi_files.singleton_entries())
         return
-    if exit_barrier(barrier_timeout()):
-        for callback in _after_barrier:
-            callback(_barrier_comm)
+    every_rank_came = exit_barrier(barrier_timeout())
+    for callback in _after_barrier:
+        callback(_barrier_comm, every_rank_came)
 
 
 def exit_barrier(timeout: float) -> bool:

@@ -51,7 +51,7 @@ KINDS = ("same-file", "rank-0-directory")
 MAX_FILES = 2000  # files a rank records (a rank writing per-example images stops there)
 MAX_SKIPPED = 10_000  # exempt files remembered, so their next opens return early
 EXCHANGE_SECONDS = 10.0  # how long rank 0 waits for a rank's record after the exit barrier
-_TAG = 7321
+_TAG, _TAG_GONE = 7321, 7322
 READ_MODES = frozenset({"r", "rb", "rt", "br", "tr"})  # open()'s and io.open_code's read modes
 
 
@@ -67,10 +67,11 @@ class SharedWrite:
 
 @dataclass
 class NetReport:
-    """What rank 0 found: the files, and the ranks whose record never came or overflowed."""
+    """What rank 0 found: the files, and the ranks it could not judge in full."""
 
     shared_writes: list[SharedWrite] = field(default_factory=list)
-    missing_ranks: list[int] = field(default_factory=list)
+    missing_ranks: list[int] = field(default_factory=list)  # no record within EXCHANGE_SECONDS
+    left_ranks: list[int] = field(default_factory=list)  # gave up waiting for rank 0 at exit
     truncated_ranks: list[int] = field(default_factory=list)  # recorded MAX_FILES, then stopped
 
     def as_data(self) -> dict[str, Any]:
@@ -81,6 +82,7 @@ class NetReport:
         return cls(
             shared_writes=[SharedWrite(**w) for w in data.get("shared_writes", [])],
             missing_ranks=list(data.get("missing_ranks", [])),
+            left_ranks=list(data.get("left_ranks", [])),
             truncated_ranks=list(data.get("truncated_ranks", [])),
         )
 
@@ -162,7 +164,7 @@ def report_at_exit() -> None:
     if not _reporting:
         from mnify.runtime import finalize
 
-        finalize.when_every_rank_leaves(_at_exit)
+        finalize.at_exit_barrier(_at_exit)
         _reporting = True
 
 
@@ -173,13 +175,17 @@ def current() -> WriteRecord | None:
 # -- at exit: the exchange and the report (rank 0) ------------------------------------------------
 
 
-def _at_exit(comm: Any) -> None:
-    """Every rank is in the exit barrier: send the records to rank 0, which reports. Never
-    raises (the rank is leaving) and never waits longer than :data:`EXCHANGE_SECONDS`."""
+def _at_exit(comm: Any, every_rank_came: bool) -> None:
+    """After the exit barrier: send the records to rank 0, which reports; or, when this rank's
+    wait ran out, leave a note that it is gone. Never raises (the rank is leaving) and never
+    waits longer than :data:`EXCHANGE_SECONDS`."""
     record = _record
     if record is None or comm.Get_size() < 2:
         return
     try:
+        if not every_rank_came:
+            leave_note(comm)
+            return
         report = exchange(comm, record)
         if report is not None and comm.Get_rank() == 0:
             say(report)
@@ -187,11 +193,37 @@ def _at_exit(comm: Any) -> None:
         sys.stderr.write(f"mnify: the write net could not report: {exc!r}\n")
 
 
+def leave_note(comm: Any) -> None:
+    """This rank gave up waiting at the exit barrier: tell those who may still exchange (rank
+    0, or rank 0 the others) with a one-byte message, sent without waiting for its receipt."""
+    from mpi4py import MPI
+
+    rank = comm.Get_rank()
+    note = bytearray(1)
+    targets = range(1, comm.Get_size()) if rank == 0 else [0]
+    requests = [comm.Isend([note, MPI.BYTE], dest=t, tag=_TAG_GONE) for t in targets]
+    deadline = time.monotonic() + 1.0  # a byte goes out at once (eagerly) in every MPI
+    while not MPI.Request.Testall(requests) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _gone(comm: Any, source: int) -> bool:
+    """Whether ``source`` left a note that it gave up at the exit barrier (and take it)."""
+    from mpi4py import MPI
+
+    if not comm.Iprobe(source=source, tag=_TAG_GONE):
+        return False
+    comm.Recv([bytearray(1), MPI.BYTE], source=source, tag=_TAG_GONE)
+    return True
+
+
 def exchange(comm: Any, record: WriteRecord) -> NetReport | None:
     """Rank 0's report from every rank's record (None on the other ranks)."""
     mine = (record.files, record.truncated)
     deadline = time.monotonic() + EXCHANGE_SECONDS
     if comm.Get_rank() != 0:
+        if _gone(comm, 0):
+            return None  # rank 0 left before this rank came: nobody to tell
         request = comm.isend(mine, dest=0, tag=_TAG)
         while not request.Test():
             if time.monotonic() > deadline:
@@ -199,24 +231,25 @@ def exchange(comm: Any, record: WriteRecord) -> NetReport | None:
                 return None
             time.sleep(0.001)
         return None
-    from mpi4py import MPI
-
     files: dict[int, dict[str, str]] = {0: record.files}
-    truncated = [0] if record.truncated else []
-    missing = []
+    report = NetReport(truncated_ranks=[0] if record.truncated else [])
     for source in range(1, comm.Get_size()):
-        while not comm.Iprobe(source=source, tag=_TAG):
+        while True:
+            if comm.Iprobe(source=source, tag=_TAG):
+                theirs, overflowed = comm.recv(source=source, tag=_TAG)
+                files[source] = theirs
+                if overflowed:
+                    report.truncated_ranks.append(source)
+                break
+            if _gone(comm, source):
+                report.left_ranks.append(source)
+                break
             if time.monotonic() > deadline:
+                report.missing_ranks.append(source)
                 break
             time.sleep(0.001)
-        else:
-            theirs, overflowed = comm.recv(source=source, tag=_TAG, status=MPI.Status())
-            files[source] = theirs
-            if overflowed:
-                truncated.append(source)
-            continue
-        missing.append(source)
-    return NetReport(judge(files, os.getcwd()), missing, truncated)
+    report.shared_writes = judge(files, os.getcwd())
+    return report
 
 
 # -- judging (pure) -------------------------------------------------------------------------------
@@ -313,6 +346,11 @@ def render(report: NetReport) -> list[str]:
         lines.append(
             f"mnify: {_who(report.truncated_ranks)} wrote more than {MAX_FILES} files: the write "
             "net looked at the first ones only"
+        )
+    if report.left_ranks:
+        lines.append(
+            f"mnify: the write net did not see the files of {_who(report.left_ranks)}: "
+            "it left before rank 0 ended (more than MNIFY_EXIT_BARRIER seconds earlier)"
         )
     if report.missing_ranks:
         lines.append(

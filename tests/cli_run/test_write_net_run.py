@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.cli_run.console import MNIFY, rank_env
+from tests.support.mpirun import run_ranks
 
 pytestmark = pytest.mark.mpi
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "write_net"
@@ -95,3 +96,28 @@ def test_the_switch_turns_the_net_off(tmp_path: Path) -> None:
     assert _net_lines(proc) == [], proc.stderr
     assert summary["shared_writes"] is None  # no report came: not "nothing found"
     assert len(list((tmp_path / "result").glob("run-*.txt"))) == 2  # the script wrote as before
+
+
+LINGERING = """
+import time
+from mnify import runtime as mn
+
+comm = mn.create_communicator("naive")
+with open("shared.txt", "w") as f:
+    f.write("every rank")
+if comm.rank == 0:
+    time.sleep(4)  # a tail on rank 0 longer than the others wait for it at exit
+"""
+
+
+def test_ranks_that_stopped_waiting_at_exit_are_named_not_waited_for(tmp_path: Path) -> None:
+    """Under a plain mpiexec (rank 0 says the lines itself): rank 1 gives up its exit barrier
+    after 1 s and leaves a note; rank 0, whose barrier then completes, reads the note instead
+    of waiting EXCHANGE_SECONDS for a record that never comes."""
+    run = run_ranks(2, LINGERING, cwd=tmp_path, env={"MNIFY_EXIT_BARRIER": "1"}, timeout=120)
+    said = [line for line in run.rank_lines(0) if line.startswith("mnify: ")]
+    assert said == [
+        "mnify: the write net did not see the files of rank 1: it left before rank 0 ended "
+        "(more than MNIFY_EXIT_BARRIER seconds earlier)"
+    ], run.describe()
+    assert not [line for line in run.rank_lines(1) if line.startswith("mnify: ")]

@@ -112,6 +112,7 @@ def test_render_says_the_issue_s_line_and_folds_one_site_s_files() -> None:
             SharedWrite("result/run-101.txt", [1], "train.py:58", "rank-0-directory"),
         ],
         missing_ranks=[3],
+        left_ranks=[4],
     )
     assert render(report) == [
         "mnify: rank 1 also wrote result/model_structure.json (train.py:51 -> nets.py:77): "
@@ -120,6 +121,8 @@ def test_render_says_the_issue_s_line_and_folds_one_site_s_files() -> None:
         "(train.py:60): guard it with if comm.rank == 0",
         "mnify: rank 1 wrote result/run-101.txt beside rank 0's files in result (train.py:58): "
         "guard it with if comm.rank == 0, or put the rank in its name",
+        "mnify: the write net did not see the files of rank 4: it left before rank 0 ended "
+        "(more than MNIFY_EXIT_BARRIER seconds earlier)",
         f"mnify: the write net heard nothing from rank 3 at exit within "
         f"{write_net.EXCHANGE_SECONDS:g} s: their writes are not in the lines above",
     ]
