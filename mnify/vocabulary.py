@@ -465,6 +465,40 @@ def is_transform_dataset(qname: str) -> bool:
     return under(qname, "chainer.datasets") and last(qname) == "TransformDataset"
 
 
+# Chainer's datasets that hold paths and read a file when indexed: building one is cheap
+LAZY_DATASETS = frozenset(
+    {"LabeledImageDataset", "ImageDataset", "ZippedImageDataset", "MultiZippedImageDataset"}
+)
+
+
+def is_lazy_dataset(qname: str) -> bool:
+    """A Chainer dataset that reads its examples from files when indexed."""
+    return under(qname, "chainer.datasets") and last(qname) in LAZY_DATASETS
+
+
+def is_dataset_mixin(qname: str) -> bool:
+    """``chainer.dataset.DatasetMixin`` (a user's dataset class derives from it)."""
+    return last(qname) == "DatasetMixin" and under(qname, "chainer")
+
+
+# calls that change where imports look or import a module by name (a dataset class found so
+# exists only in the process that ran them)
+IMPORT_PATH_CHANGES = frozenset(
+    {
+        "sys.path.insert",
+        "sys.path.append",
+        "sys.path.extend",
+        "importlib.import_module",
+        "builtins.__import__",
+        "__import__",
+        "imp.load_source",
+        "importlib.util.spec_from_file_location",
+        "importlib.machinery.SourceFileLoader",
+        "runpy.run_path",
+    }
+)
+
+
 def is_link_name(qname: str) -> bool:
     """Anything in ``chainer.links`` (a layer constructor: allocation, not work)."""
     return under(qname, "chainer.links")

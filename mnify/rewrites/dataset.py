@@ -9,7 +9,12 @@ When those statements also define something every rank needs later, loading stay
 (scatter still splits the data; only rank 0's copy is used) and the report says why. A dataset
 given inline (``SerialIterator(train[:100], 32)``) is scattered inline. A test set read only by
 hand-written evaluation loops is not scattered: ``test = comm.bcast_obj(test)`` gives every rank
-all of it (step ``evaluator``, MN805).
+all of it (step ``evaluator``, MN805). A dataset whose loading changes ``sys.path`` or imports a
+module by name (the other ranks could not unpickle its class), one that only loads lazily
+(Chainer's file readers, a ``DatasetMixin`` of the file reading files by index, a list of paths)
+and a ``TransformDataset`` are built on every rank, each keeping its slice by index:
+``train = chainer.datasets.SubDataset(train, *mn.scatter_index(len(train), comm))``; nothing is
+pickled (``rewrites/dataset_loading.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import libcst as cst
 
 from mnify import vocabulary as vocab
 from mnify.program.facts import CallFact
-from mnify.rewrites import evaluator, global_data
+from mnify.rewrites import dataset_loading, evaluator, global_data
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import Guard, NodeFn, expression, statement
 from mnify.rewrites.iterators import (
@@ -297,10 +302,17 @@ def _plan_group(
     wanted = set(item.datasets)
     defs = _defining_statements(ctx, item, wanted)
     ordered = sorted(item.datasets)
-    by_index = {d for d in wanted - item.broadcast if _transformed(ctx, d, body, defs)}
+    # built on every rank and sliced by index: nothing pickled (rewrites/dataset_loading.py)
+    kept = {
+        d: why
+        for d in sorted(wanted - item.broadcast)
+        if (why := dataset_loading.kept_by_index(ctx, d, body, defs)) is not None
+    }
+    by_index = set(kept)
     chainer = ctx.facts.local_name_of("chainer")
-    if chainer is None:
-        by_index = set()
+    if chainer is None and by_index:
+        chainer = "chainer"
+        ctx.imports_needed.add("import chainer")
     index_of = ctx.spell.top("scatter_index")
     scatters = [
         statement(
@@ -318,8 +330,8 @@ def _plan_group(
             site,
             "dataset",
             "info",
-            f"{d} is a TransformDataset (its transform may hold a model): every rank builds it "
-            f"and keeps its slice by index ({index_of}), so nothing is pickled",
+            f"{d} {kept[d]}: every rank builds it and keeps its slice by index ({index_of}), "
+            "so nothing is pickled",
         )
     label = ", ".join(_in_order(ordered, body, defs))
 
@@ -387,7 +399,7 @@ def _plan_group(
         if readers:
             why = f"line {ctx.line(readers[0])} reads the whole dataset before the iterators"
         elif by_index:
-            why = "a TransformDataset is built on every rank and sliced by index"
+            why = f"{', '.join(sorted(by_index))} is built on every rank and sliced by index"
         else:
             why = "those lines also define what every rank needs"
         shared = [d for d in ordered if d not in by_index and d not in item.broadcast]
@@ -509,18 +521,6 @@ def _plan_tail(ctx: FileContext, item: _BlockWork, comm: str) -> set[str]:
         "which keeps the whole data (the other ranks finish)",
     )
     return read
-
-
-def _transformed(
-    ctx: FileContext, name: str, body: list[cst.BaseStatement], defs: list[int]
-) -> bool:
-    """The dataset is last bound to a ``TransformDataset`` among its loading statements."""
-    for i in reversed(defs):
-        for a in ctx.facts.assigns_of(name):
-            if a.stmt is body[i]:
-                fact = ctx.facts.call_of(a.value)
-                return fact is not None and vocab.is_transform_dataset(fact.qname)
-    return False
 
 
 def _is_print(ctx: FileContext, stmt: cst.BaseStatement) -> bool:
