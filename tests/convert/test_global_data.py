@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, note, seed, settings
 
 from mnify.cli import main
 from mnify.converter import ConvertOptions, convert_source
+from testkit.properties import check_skeleton
+from testkit.skeletons import Skeleton, skeletons
 from tests.convert.ast_checks import (
     assert_has_expression,
     assert_has_statement,
@@ -18,6 +21,7 @@ from tests.convert.ast_checks import (
     contains,
 )
 from tests.convert.converting import convert
+from tests.convert.test_properties import SKELETON_SEED, _slow, budget
 
 TRAINER = """\
 import chainer
@@ -279,3 +283,15 @@ def test_cli_grow_batch_implies_global_strong(tmp_path: Path) -> None:
     assert_has_expression(code, "mn.create_global_batch_iterator(train, args.batchsize, comm)")
     assert_has_expression(code, "mn.extensions.GrowBatch(10, max_per_rank=args.batchsize)")
     assert_no_statement(code, "train = mn.scatter_dataset(...)")
+
+
+@pytest.mark.slow
+@seed(SKELETON_SEED)
+@settings(max_examples=budget(0.3), suppress_health_check=_slow)
+@given(skeletons(distributed=False))
+def test_generated_scripts_under_grow_batch_keep_every_property(skeleton: Skeleton) -> None:
+    """docs/design.md §0 under ``--grow-batch`` (so ``--data global --scaling strong``): the
+    generated scripts convert, keep every statement in place, add no collective that only some
+    ranks reach, and convert to a fixed point, deterministically."""
+    note(skeleton.source)
+    check_skeleton(skeleton.source, options=ConvertOptions(**GROW))
