@@ -347,7 +347,6 @@ def run(
             verify_report=verify_k is not None,
             timeline_events=timeline_events,
             verify_timeout=verify_timeout,
-            write_net_report=True,
         ),
     )
     command = build_command(spec, mpiexec)

@@ -178,8 +178,13 @@ def run_job(
     When mpiexec has exited, anything still in its session is killed too.
     """
     state_dir = tempfile.mkdtemp(prefix="mnify-run-")
+    # what only this process reads: the ranks' state, rank 0's write net report as JSON (a
+    # --dry-run command run by hand keeps the write net's plain lines)
     here = dataclasses.replace(
-        command.wiring, rank_state_dir=state_dir, rank_state_host=socket.gethostname()
+        command.wiring,
+        rank_state_dir=state_dir,
+        rank_state_host=socket.gethostname(),
+        write_net_report=True,
     )
     command = command.with_wiring(here)
     env = command.full_env(base_env)
