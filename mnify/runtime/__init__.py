@@ -24,6 +24,7 @@ _NAMES: dict[str, str] = {
     "create_multi_node_optimizer": "optimizers",
     "scatter_dataset": "datasets",
     "scatter_index": "datasets",
+    "bcast_dataset": "datasets",
     "create_empty_dataset": "datasets",
     "create_multi_node_evaluator": "extensions",
     "create_multi_node_checkpointer": "extensions",
