@@ -22,10 +22,11 @@ this one returns after one set lookup for all but ``open``/``os.rename``/tempfil
 mode test for reads, and after one dict lookup for a file it already has: only a file's first
 write walks the stack. ``bench/write_net.py`` measures it on the bundled MNIST example.
 
-The exchange. Only when every rank reached the exit barrier of :mod:`mnify.runtime.finalize` (a
-normal end: a rank that died or hangs never gets there, and then nothing is exchanged), on
-that module's private communicator: each rank sends its record to rank 0, which waits a bounded
-time for each. Under ``mnify run`` (``write_net_report`` in ``MNIFY_LAUNCH``) rank 0 prints one
+The exchange. Only after the exit barrier of :mod:`mnify.runtime.finalize` (a normal end: a
+rank that died or hangs never gets there, and then nothing is exchanged), on that module's
+private communicator: each rank sends its record to rank 0, which waits a bounded time for
+each; a rank whose wait at the barrier ran out sends a one-byte note instead, so the one that
+comes later does not wait for it. Under ``mnify run`` (``write_net_report`` in ``MNIFY_LAUNCH``) rank 0 prints one
 JSON line that the launcher renders and puts in ``--summary-json`` (``shared_writes``); under a
 plain mpiexec it prints the lines itself. ``MNIFY_WRITE_NET=0`` turns all of it off.
 """
