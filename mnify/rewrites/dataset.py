@@ -96,7 +96,7 @@ def plan(ctx: FileContext) -> None:
             continue  # a whole-set evaluator (--target chainermn) reads all of it on every rank
         if isinstance(arg.value, cst.Name):
             name = arg.value.value
-            if _already_scattered(ctx, name):
+            if _already_scattered(ctx, name) or (whole and global_data.built_here(ctx, name)):
                 continue
             if evaluator.gathers_test_set(ctx, call):
                 unequal.add(name)  # gathered again: padding would count examples twice

@@ -6,7 +6,8 @@ world size. ``--data global`` defines the run by the schedule one process would 
 
 - the training set is not scattered: rank 0 loads it and every rank gets all of it
   (``train = comm.bcast_obj(train)``, the dataset step's broadcast, so a download or a draw from
-  a per-rank random state happens once and every rank holds the same examples);
+  a per-rank random state happens once and every rank holds the same examples); a
+  ``TransformDataset`` (whose transform may not pickle) is built by every rank as written;
 - Chainer's training iterator (``SerialIterator``, ``MultiprocessIterator``,
   ``MultithreadIterator``) becomes ``mn.create_global_batch_iterator(train, batch, comm)``, its
   ``repeat`` and ``shuffle`` carried over. ``batch`` is the **global** batch: the script's batch
@@ -34,7 +35,7 @@ from mnify import vocabulary as vocab
 from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import NodeFn, expression
-from mnify.rewrites.iterators import is_training_iterator, iterator_calls
+from mnify.rewrites.iterators import dataset_name, is_training_iterator, iterator_calls
 from mnify.rewrites.registry import rewrite
 
 _STEP = "global-data"
@@ -127,6 +128,16 @@ def replaces(ctx: FileContext, call: CallFact) -> bool:
     return not ctx.suppressed(call.node, _STEP)
 
 
+def built_here(ctx: FileContext, name: str) -> bool:
+    """The training set ``name`` is a ``TransformDataset`` (its transform may hold a model or a
+    closure that does not pickle): every rank builds it as the script does, nothing is sent."""
+    for a in ctx.facts.assigns_of(name):
+        fact = ctx.facts.call_of(a.value)
+        if fact is not None and vocab.is_transform_dataset(fact.qname):
+            return True
+    return False
+
+
 @rewrite(_STEP, order=34, code="MN818")
 def plan(ctx: FileContext) -> None:
     if not ctx.options.global_data:
@@ -179,6 +190,16 @@ def _plan_iterator(ctx: FileContext, call: CallFact) -> int:
             f"weak scaling: the global batch is the script's batch times {comm}.size, so each "
             f"rank still computes about {code} examples a step"
         )
+    name = dataset_name(call.node)
+    if name is not None and built_here(ctx, name):
+        ctx.note(
+            call.node,
+            _STEP,
+            "info",
+            f"{name} is a TransformDataset: every rank builds it as the script does (its "
+            "transform may not pickle), so what it is built from must be the same on every rank "
+            "(the iterator checks the lengths)",
+        )
     factory = ctx.runtime.top("create_global_batch_iterator")
     carried: list[str] = [name for name in ("repeat", "shuffle") if name in bound]
     ctx.plan.replace_node(
@@ -211,7 +232,7 @@ def _plan_iterator(ctx: FileContext, call: CallFact) -> int:
         "info",
         "--data global buys the same training at any number of ranks, resuming a global "
         "snapshot at any number, and split='speed' for ranks of unequal speed; it costs a whole "
-        "copy of the training set on every rank (rank 0 loads it, comm.bcast_obj hands it out)",
+        "copy of the training set on every rank",
     )
     return 1
 

@@ -295,3 +295,25 @@ def test_generated_scripts_under_grow_batch_keep_every_property(skeleton: Skelet
     ranks reach, and convert to a fixed point, deterministically."""
     note(skeleton.source)
     check_skeleton(skeleton.source, options=ConvertOptions(**GROW))
+
+
+def test_transform_dataset_is_built_on_every_rank() -> None:
+    """A TransformDataset's transform may not pickle (a lambda): nothing is broadcast, every
+    rank builds the training set as written."""
+    source = _script().replace(
+        "    train_iter =",
+        "    train = chainer.datasets.TransformDataset(train, lambda e: e)\n    train_iter =",
+    )
+    result = convert(source, data="global", idempotent=True)
+    out = result.output
+    assert out is not None
+    assert_no_expression(out, "comm.bcast_obj(train)")
+    assert_no_expression(out, "mn.scatter_dataset(train, ...)")
+    assert_has_statement(
+        out,
+        "train, test = chainer.datasets.get_mnist()\n"
+        "train = chainer.datasets.TransformDataset(train, lambda e: e)\n"
+        "train_iter = mn.create_global_batch_iterator(train, args.batchsize * comm.size, comm)",
+        within="main",
+        top_level=True,
+    )
