@@ -23,8 +23,10 @@ class FileSavedOnEveryRank(Rule):
     same path: ``chainer.serializers.save_*``, ``np.save``/``savez``/``savetxt``,
     ``pickle.dump``/``json.dump`` (which write to a file object), ``savefig``, image writers
     (``cv2.imwrite``, ``imageio.imwrite``, ``PIL.Image...save``), ``shutil`` copies, and
-    ``open(path, 'w'/'a'/'x')``. A write inside a method every call of which in the program
-    stands alone under ``if <x>.rank == 0:`` is rank 0's."""
+    ``open(path, 'w'/'a'/'x')``. A write inside a function or method every call of which in the
+    program runs on rank 0 only (standing alone under ``if <x>.rank == 0:``, or as the rank-0
+    side of ``f(...) if <x>.rank == 0 else None``, the converter's broadcast of a writing
+    helper's result) is rank 0's."""
 
     code = "MN402"
     name = "file-saved-on-every-rank"
@@ -55,8 +57,8 @@ class FileSavedOnEveryRank(Rule):
         self.report(node)
 
     def answered_elsewhere(self, finding: Finding, function: str | None) -> bool:
-        """Not in a method the program calls on rank 0 only."""
-        return function is not None and function in self.ctx.project.rank0_only_methods
+        """Not in a function or method the program calls on rank 0 only."""
+        return function is not None and function in self.ctx.project.rank0_only_functions
 
     def _writes(self, node: cst.Call) -> bool:
         names = self.ctx.callee_names(node)

@@ -39,8 +39,9 @@ class ProjectUses:
     optimizer_helpers_wrapped: frozenset[str] = frozenset()
     # helpers some call of which is followed at once by ``distribute_extensions(trainer, comm)``
     extension_helpers_distributed: frozenset[str] = frozenset()
-    # methods every call of which (``obj.name(...)``) stands alone under ``if <x>.rank == 0:``
-    rank0_only_methods: frozenset[str] = frozenset()
+    # functions and methods every call of which runs on rank 0 only (``if <x>.rank == 0:``, or
+    # ``f(...) if <x>.rank == 0 else None``)
+    rank0_only_functions: frozenset[str] = frozenset()
 
     @classmethod
     def of_sources(cls, sources: Iterable[str]) -> ProjectUses:
@@ -62,7 +63,7 @@ class ProjectUses:
             batch_normalization_converted=MNBN_MODEL in called,
             optimizer_helpers_wrapped=frozenset(_wrapped_helpers(trees)),
             extension_helpers_distributed=frozenset(_helpers_followed_by_distribute(trees)),
-            rank0_only_methods=frozenset(_methods_called_on_rank0_only(trees)),
+            rank0_only_functions=frozenset(_called_on_rank0_only(trees)),
         )
 
 
@@ -115,20 +116,30 @@ def _helpers_followed_by_distribute(trees: list[ast.Module]) -> set[str]:
     return distributed
 
 
-def _methods_called_on_rank0_only(trees: list[ast.Module]) -> set[str]:
-    """Methods every call of which stands alone under ``if <x>.rank == 0:``: what they write
-    is rank 0's (the converter guards writing methods where they are called)."""
-    guarded: set[str] = set()
+def _called_on_rank0_only(trees: list[ast.Module]) -> set[str]:
+    """Functions and methods every call of which runs on rank 0 only: standing alone (a call or
+    an assignment of its result) under ``if <x>.rank == 0:``, or the rank-0 side of ``f(...) if
+    <x>.rank == 0 else None`` (how the converter broadcasts what a writing helper returns:
+    ``comm.bcast_obj(load(...) if comm.rank == 0 else None)``). What they write is rank 0's."""
     anywhere: Counter[str] = Counter()
     on_rank0: Counter[str] = Counter()
     for tree in trees:
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                anywhere[node.func.attr] += 1
-            if isinstance(node, ast.If) and ast.unparse(node.test).endswith(".rank == 0"):
+            if isinstance(node, ast.Call):
+                name = called_name(node)
+                if name:
+                    anywhere[name] += 1
+            if isinstance(node, ast.If) and _is_rank0_test(node.test):
                 for stmt in node.body:
-                    call = stmt.value if isinstance(stmt, ast.Expr) else None
-                    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
-                        on_rank0[call.func.attr] += 1
-                        guarded.add(call.func.attr)
-    return {name for name in guarded if on_rank0[name] == anywhere[name]}
+                    name = called_name(stmt)
+                    if name:
+                        on_rank0[name] += 1
+            elif isinstance(node, ast.IfExp) and _is_rank0_test(node.test):
+                name = called_name(node.body)
+                if name:
+                    on_rank0[name] += 1
+    return {name for name, count in on_rank0.items() if count == anywhere[name]}
+
+
+def _is_rank0_test(test: ast.expr) -> bool:
+    return ast.unparse(test).endswith(".rank == 0")

@@ -107,8 +107,40 @@ def test_another_file_answers_the_helpers_and_the_model_class() -> None:
 def test_a_method_also_called_on_every_rank_still_writes_on_every_rank() -> None:
     everywhere = TRAIN + "checkpoint.save(model)\n"
     uses = ProjectUses.of_sources([NET, everywhere])
-    assert uses.rank0_only_methods == frozenset()
+    assert uses.rank0_only_functions == frozenset()
     assert "MN402" in _codes(NET, "net.py", assume="data", project=uses)
+
+
+CACHE_HELPER = textwrap.dedent(
+    """\
+    import os
+
+    import chainermn
+    import numpy as np
+
+    comm = chainermn.create_communicator()
+
+
+    def load_features(cache):
+        if not os.path.exists(cache):
+            np.save(cache, np.zeros((10, 3), np.float32))
+        return np.load(cache)
+
+
+    x = comm.bcast_obj(load_features('feats.npy') if comm.rank == 0 else None)
+    """
+)
+
+
+def test_a_cache_helper_run_on_rank_0_and_broadcast_writes_on_rank_0_only() -> None:
+    """The converter's ``comm.bcast_obj(load(...) if comm.rank == 0 else None)``: the helper's
+    write is rank 0's, so lint of a converted script does not report what the conversion did."""
+    uses = ProjectUses.of_sources([CACHE_HELPER])
+    assert uses.rank0_only_functions == frozenset({"load_features"})
+    assert "MN402" not in _codes(CACHE_HELPER, "train.py", project=uses)
+    everywhere = CACHE_HELPER + "y = load_features('other.npy')\n"
+    again = ProjectUses.of_sources([everywhere])
+    assert "MN402" in _codes(everywhere, "train.py", project=again)
 
 
 def test_extensions_of_a_helper_distributed_after_it_returns() -> None:
