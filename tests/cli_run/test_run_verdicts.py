@@ -80,12 +80,14 @@ def test_ok_verdict_is_written_on_success(n: int, verdict: Callable[..., Verdict
         "culprit_ranks": [],
     }
     assert v.summary["errors"] == [] and "mnify run: the job" not in v.stderr
+    assert v.summary["shared_writes"] == []  # the write net reported, and found nothing
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_same_error_on_every_rank_is_one_error(n: int, verdict: Callable[..., Verdict]) -> None:
     v = verdict("-n", str(n), *FAST, str(SCRIPT), "raise_all", grace=2)
     assert_verdict(v, "same-error", list(range(n)), f"the same error on all {n} ranks")
+    assert v.summary["shared_writes"] is None  # no normal end: the write net exchanged nothing
     [error] = v.summary["errors"]
     assert (error["type"], error["ranks"]) == ("ValueError", list(range(n)))
     assert v.stderr.count(TRACEBACK) == 1, v.stderr
@@ -100,6 +102,7 @@ def test_trainer_error_on_every_rank_is_the_same_error(
     error, not two different ones."""
     v = verdict("-n", str(n), *FAST, str(SCRIPT), "train_raise_all", grace=2)
     assert_verdict(v, "same-error", list(range(n)), f"the same error on all {n} ranks")
+    assert v.summary["shared_writes"] is None  # no normal end: the write net exchanged nothing
     [error] = v.summary["errors"]
     assert (error["type"], error["message"]) == ("ValueError", "learning rate must be positive")
     assert v.stderr.count(TRACEBACK) == 1, v.stderr
