@@ -11,6 +11,12 @@ One MPI job (2 ranks by default) measures, in the same processes:
    iterator (even split) against ``scatter_dataset`` + ``SerialIterator`` with the per-rank batch
    N/size (the same examples per rank and step).
 
+3. **memory** -- every rank needs the whole training set: the growth of each rank's
+   proportional set size (PSS: a page shared by k processes counts 1/k in each) from before rank
+   0 makes a ``--mb`` MB TupleDataset to when every rank holds it (and read it), through
+   ``comm.bcast_obj`` (a copy per rank) against ``mn.bcast_dataset`` (one copy per host, in
+   shared memory). One launch each.
+
     .venv/bin/python bench/global_batch.py                 # 2 ranks, global batch 64
     .venv/bin/python bench/global_batch.py -n 3 --batch 96 --ms 1
 
@@ -20,6 +26,7 @@ Not a test: numbers depend on the machine; read the ratios.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -128,6 +135,56 @@ def worker(batch: int, ms: float, steps: int, rounds: int) -> None:
         print("RESULT " + json.dumps(results), flush=True)
 
 
+def pss_mb() -> float:
+    """This process's proportional set size in MB (Linux)."""
+    with open("/proc/self/smaps_rollup", encoding="utf-8") as stream:
+        for line in stream:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def memory_worker(how: str, megabytes: int) -> None:
+    """One rank: rank 0 makes the dataset; every rank's PSS growth until it holds all of it."""
+    import chainer
+    import numpy as np
+
+    from mnify import runtime as mn
+
+    comm = mn.create_communicator("naive")
+    rows = megabytes * 1024 * 1024 // (4 * 1000)
+    comm.barrier()
+    before = pss_mb()  # before rank 0 makes the dataset: growth is what holding it costs
+    made = None
+    if comm.rank == 0:
+        x = np.random.RandomState(0).rand(rows, 1000).astype(np.float32)
+        made = chainer.datasets.TupleDataset(x, np.arange(rows, dtype=np.int32))
+        del x
+    data = comm.bcast_obj(made) if how == "bcast_obj" else mn.bcast_dataset(made, comm)
+    del made  # as `train = comm.bcast_obj(train)` does: rank 0 keeps what it got back
+    gc.collect()
+    x_all, t_all = data._datasets
+    # read every page, as training does (a mapped page counts only once it is touched)
+    assert np.isfinite(float(x_all.sum(dtype=np.float64)) + float(t_all.sum()))
+    comm.barrier()
+    growth = comm.gather_obj(pss_mb() - before)
+    if comm.rank == 0:
+        print("RESULT " + json.dumps({"how": how, "growth": growth}), flush=True)
+
+
+def launch_memory(n: int, how: str, megabytes: int) -> dict[str, Any]:
+    from testkit.ranks import find_mpiexec, mpi_env
+
+    cmd = [find_mpiexec(), "--oversubscribe", "-n", str(n), sys.executable]
+    cmd += [str(Path(__file__).resolve()), "--memory-worker", how, "--mb", str(megabytes)]
+    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=900)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, Any] = json.loads(line[len("RESULT ") :])
+            return result
+    raise RuntimeError(f"run failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+
+
 def launch(n: int, batch: int, ms: float, steps: int, rounds: int) -> dict[str, Any]:
     from testkit.ranks import find_mpiexec, mpi_env
 
@@ -163,10 +220,17 @@ def main() -> None:
     parser.add_argument("--ms", type=float, default=1.0, help="sleep per example, fast rank")
     parser.add_argument("--steps", type=int, default=30, help="measured steps per variant")
     parser.add_argument("--rounds", type=int, default=5, help="alternations, overhead part")
+    parser.add_argument("--mb", type=int, default=200, help="dataset MB, memory part")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--memory-worker", choices=["bcast_obj", "bcast_dataset"], help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args.batch, args.ms, args.steps, args.rounds)
+        return
+    if args.memory_worker:
+        memory_worker(args.memory_worker, args.mb)
         return
     r = launch(args.n, args.batch, args.ms, args.steps, args.rounds)
     print(
@@ -188,6 +252,14 @@ def main() -> None:
     print(
         f"next(): global (even) {r['global_next_us']:.0f} us, global (speed, one allgather) "
         f"{r['speed_next_us']:.0f} us, SerialIterator on the shard {r['serial_next_us']:.0f} us"
+    )
+    memory = {how: launch_memory(args.n, how, args.mb) for how in ("bcast_obj", "bcast_dataset")}
+    obj, shared = memory["bcast_obj"]["growth"], memory["bcast_dataset"]["growth"]
+    print(
+        f"memory, the whole {args.mb} MB training set on every rank (PSS growth per rank): "
+        f"bcast_obj {', '.join(f'{g:.0f}' for g in obj)} MB, bcast_dataset "
+        f"{', '.join(f'{g:.0f}' for g in shared)} MB; all ranks together "
+        f"{sum(obj):.0f} MB vs {sum(shared):.0f} MB ({sum(obj) / max(sum(shared), 1):.1f}x)"
     )
 
 
