@@ -201,7 +201,10 @@ def _plan_iterator(ctx: FileContext, call: CallFact) -> int:
             "(the iterator checks the lengths)",
         )
     factory = ctx.runtime.top("create_global_batch_iterator")
-    carried: list[str] = [name for name in ("repeat", "shuffle") if name in bound]
+    # shuffle=None is Chainer's default (shuffle): the global iterator's default too
+    carried: list[str] = [
+        name for name in ("repeat", "shuffle") if name in bound and not _is_none(bound[name].value)
+    ]
     ctx.plan.replace_node(
         call.node,
         _global_iterator(call.qname, factory, global_batch, comm, carried),
@@ -235,6 +238,10 @@ def _plan_iterator(ctx: FileContext, call: CallFact) -> int:
         "copy of the training set on every rank",
     )
     return 1
+
+
+def _is_none(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
 
 
 def _global_iterator(qname: str, factory: str, batch: str, comm: str, carried: list[str]) -> NodeFn:

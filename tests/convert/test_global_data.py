@@ -127,6 +127,16 @@ def test_carried_and_dropped_iterator_arguments() -> None:
     assert len(dropped) == 1 and "n_processes, shared_mem" in dropped[0].message
 
 
+def test_shuffle_none_is_chainers_default_shuffle() -> None:
+    out = convert(
+        _script("chainer.iterators.SerialIterator(train, args.batchsize, shuffle=None)"),
+        data="global",
+        scaling="strong",
+    ).output
+    assert out is not None
+    assert_has_expression(out, "mn.create_global_batch_iterator(train, args.batchsize, comm)")
+
+
 def test_inline_dataset_is_not_scattered() -> None:
     out = convert(
         _script("chainer.iterators.SerialIterator(train[:100], args.batchsize)"), data="global"
