@@ -30,6 +30,7 @@ updates per epoch of each phase.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -134,7 +135,7 @@ class GrowBatchPlan:
 
     def phases(self, factor: int, starts: list[str], every: str | None = None) -> str:
         """``global batch B, then B*f from epoch 30 ...; updates per epoch len(train)/B ...``"""
-        batch = self.batch if self.batch.isidentifier() or "." in self.batch else f"({self.batch})"
+        batch = self.batch if re.fullmatch(r"[\w.]+", self.batch) else f"({self.batch})"
         if every is not None:
             return (
                 f"global batch {self.batch}, times {factor} {every} (phase k: {batch} * "
