@@ -165,6 +165,7 @@ class GlobalBatchIterator(chainer.dataset.Iterator):  # type: ignore[misc]
         self.iteration = 0
         self._previous_epoch_detail = -1.0
         self.order = self._order_of(0)
+        self._mark = None  # the time until the first step after a reset measures nothing
         global_step.withdraw(id(self))
 
     def _order_of(self, epoch: int) -> np.ndarray | None:
