@@ -49,7 +49,8 @@ def test_a_healthy_script_scales_and_gets_no_cause(tmp_path: Path) -> None:
     assert data["schema"] == 1 and [r["ranks"] for r in data["runs"]] == [1, 2]
     for run in data["runs"]:
         assert set(run) == {"ranks", "update_ms", "update_ms_spread", "examples_per_s",
-                            "breakdown_ms"}  # fmt: skip
+                            "breakdown_ms", "batch_phases"}  # fmt: skip
+        assert run["batch_phases"] == []  # no global-batch iterator in this script
         assert set(run["breakdown_ms"]) == PARTS
         assert run["update_ms"] >= 200.0  # the sleep is in every step
         assert run["breakdown_ms"]["compute"] >= 190.0
