@@ -335,3 +335,27 @@ def test_an_empty_share_contributes_zero_gradient_and_reports_nothing(with_repor
     for name, param in model.namedparams():
         assert not np.any(param.grad), name
         assert np.array_equal(param.array, before[name]), name
+
+
+def test_reader_threads_read_the_same_examples() -> None:
+    """``n_threads``: this rank's examples of each step read by a thread pool, in order."""
+    from mnify.runtime.iterators.global_batch_iterator import create_global_batch_iterator
+
+    read: list[int] = []
+
+    class Recording(list):  # type: ignore[type-arg]
+        def __getitem__(self, i: Any) -> Any:
+            read.append(i)
+            return super().__getitem__(i)
+
+    data = Recording(range(17))
+    plain = create_global_batch_iterator(list(range(17)), 5, _OneRank())
+    threaded = create_global_batch_iterator(data, 5, _OneRank(), n_threads=3)
+    expected: list[int] = []
+    for _ in range(8):
+        assert threaded.next() == plain.next()  # in order, though read by several threads
+        expected += [int(i) for i in plain.global_indices]
+    assert sorted(read) == sorted(expected)  # each example of each step once, nothing ahead
+    threaded.finalize()
+    with pytest.raises(ValueError, match="n_threads"):
+        create_global_batch_iterator(data, 5, _OneRank(), n_threads=0)

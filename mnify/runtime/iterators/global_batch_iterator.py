@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import chainer
@@ -61,6 +62,7 @@ class GlobalBatchIterator(chainer.dataset.Iterator):  # type: ignore[misc]
         shuffle: bool = True,
         seed: int = 0,
         split: str | Sequence[float] = "even",
+        n_threads: int = 1,
     ) -> None:
         self.dataset = dataset
         self.comm = comm
@@ -80,6 +82,10 @@ class GlobalBatchIterator(chainer.dataset.Iterator):  # type: ignore[misc]
                     f"split weights need one positive number per rank ({comm.size}), got {split!r}"
                 )
             self.split = weights
+        if int(n_threads) < 1:
+            raise ValueError(f"n_threads must be at least 1, got {n_threads}")
+        # threads reading this rank's examples (a dataset that decodes files in get_example)
+        self._readers = ThreadPoolExecutor(int(n_threads)) if int(n_threads) > 1 else None
         self._check_agreement(len(dataset), int(batch_size))
         self._batch_size = int(batch_size)
         self._speed = SpeedSplit(comm.size) if split == "speed" else None
@@ -240,7 +246,10 @@ class GlobalBatchIterator(chainer.dataset.Iterator):  # type: ignore[misc]
                 global_step.GlobalStep(self.iteration, len(indices), tuple(shares), rank, id(self))
             )
         start = sum(shares[:rank])
-        return [self.dataset[int(i)] for i in indices[start : start + shares[rank]]]
+        mine = [int(i) for i in indices[start : start + shares[rank]]]
+        if self._readers is not None and len(mine) > 1:
+            return list(self._readers.map(self.dataset.__getitem__, mine))
+        return [self.dataset[i] for i in mine]
 
     next = __next__
 
@@ -270,14 +279,26 @@ class GlobalBatchIterator(chainer.dataset.Iterator):  # type: ignore[misc]
                 self.order = np.asarray(loaded, dtype=np.intp)
         global_step.withdraw(id(self))
 
+    def __del__(self) -> None:
+        # Chainer's Iterator.__del__ finalizes; at interpreter exit the modules finalize uses
+        # may already be torn down, and there is nothing left to release then anyway
+        try:
+            self.finalize()
+        except Exception:
+            pass
+
     def finalize(self) -> None:
         """Stop measuring collectives; the last step no longer weights updates (the trainer
         finalizes its iterators when it ends)."""
-        if global_step is not None:  # None while the interpreter shuts down (from __del__)
-            global_step.withdraw(id(self))
-        if self._unsubscribe is not None:
-            self._unsubscribe()
+        global_step.withdraw(id(self))
+        unsubscribe = getattr(self, "_unsubscribe", None)  # absent if __init__ raised
+        if unsubscribe is not None:
+            unsubscribe()
             self._unsubscribe = None
+        readers = getattr(self, "_readers", None)
+        if readers is not None:
+            readers.shutdown(wait=False)
+            self._readers = None
 
 
 def create_global_batch_iterator(
@@ -288,11 +309,14 @@ def create_global_batch_iterator(
     shuffle: bool = True,
     seed: int = 0,
     split: str | Sequence[float] = "even",
+    n_threads: int = 1,
 ) -> GlobalBatchIterator:
     """An iterator over the global batch ``batch_size`` of which each rank gets its part.
 
     Collective (every rank calls it: lengths, batch and seed are compared in one allgather).
     ``dataset``: the whole dataset, on every rank. ``split``: ``"even"``, ``"speed"`` or one
-    positive weight per rank. See the module docstring and docs/global_batch.md.
+    positive weight per rank. ``n_threads``: threads reading this rank's examples of each step
+    (for datasets whose ``get_example`` loads or decodes, as ``MultithreadIterator``'s; no
+    prefetch). See the module docstring and docs/global_batch.md.
     """
-    return GlobalBatchIterator(dataset, batch_size, comm, repeat, shuffle, seed, split)
+    return GlobalBatchIterator(dataset, batch_size, comm, repeat, shuffle, seed, split, n_threads)
