@@ -184,15 +184,18 @@ def fix(ctx: FileContext) -> None:
         again = seed.again.format(f"{value} + {comm}.rank")
         planned.setdefault(id(where), []).append(again)
         anchors[id(where)] = where
-        ctx.note(
-            call.node,
-            _STEP,
-            "changed",
+        said = (
             f"{shown} seeds alike on every rank: kept for what is built before training (initial "
             f"weights, splits, fixed samples), and `{again}` seeds it per rank right before "
             f"training (line {ctx.line(where)}), so noise, dropout masks and augmentation differ "
-            "between ranks",
+            "between ranks"
         )
+        if ctx.options.global_data:
+            said += (
+                "; with --data global this makes runs at different numbers of ranks differ "
+                "wherever training draws from it (the global schedule itself has its own seed)"
+            )
+        ctx.note(call.node, _STEP, "changed", said)
     for key, lines in planned.items():
         ctx.plan.insert_before(anchors[key], [statement(f"{line}\n") for line in lines])
 

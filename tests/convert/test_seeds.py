@@ -128,3 +128,10 @@ def test_a_seed_read_from_the_clock_is_left_alone() -> None:
         script(TRAINER.replace("np.random.seed(args.seed)", "np.random.seed(int(time.time()))"))
     )
     assert [e.severity for e in result.entries if e.step == "seeds"] == ["changed"]  # random's
+
+
+def test_under_global_data_the_report_says_runs_at_other_sizes_differ() -> None:
+    result = convert(script(TRAINER), data="global")
+    said = [e.message for e in result.entries if e.step == "seeds" and e.severity == "changed"]
+    assert said and all("different numbers of ranks differ" in m for m in said)
+    assert "np.random.seed(args.seed + comm.rank)" in _main_body(result.output or "")
