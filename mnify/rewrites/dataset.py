@@ -57,7 +57,11 @@ def _already_scattered(ctx: FileContext, name: str) -> bool:
     comm.bcast_obj(name)``: every rank has it whole (a hand-evaluated test set, converted)."""
     for a in ctx.facts.assigns_of(name):
         fact = ctx.facts.call_of(a.value)
-        if fact is not None and (vocab.is_scatter(fact.qname) or fact.method == "bcast_obj"):
+        if fact is not None and (
+            vocab.is_scatter(fact.qname)
+            or fact.method == "bcast_obj"
+            or global_data.is_whole_broadcast(fact.qname)
+        ):
             return True
         if a.stmt is not None and any(
             vocab.is_scatter(c.qname) for c in ctx.facts.calls_by_stmt.get(id(a.stmt), [])
@@ -318,7 +322,7 @@ def _plan_group(
         statement(
             f"{d} = {chainer}.datasets.SubDataset({d}, *{index_of}(len({d}), {comm}))\n"
             if d in by_index
-            else f"{d} = {comm}.bcast_obj({d})\n"
+            else f"{d} = {global_data.broadcast(ctx, d, comm)}\n"
             if d in item.broadcast
             else f"{d} = {scatter}({d}, {comm}{_scatter_flags(item, d)})\n"
         )
@@ -345,7 +349,8 @@ def _plan_group(
             parts.append(f"slice {', '.join(by_slice)} by {index_of}")
         if whole:
             why = "--data global" if ctx.options.global_data else "evaluated by hand"
-            parts.append(f"hand {', '.join(whole)} whole to every rank with bcast_obj ({why})")
+            sent = "bcast_dataset" if global_data.shares_arrays(ctx) else "bcast_obj"
+            parts.append(f"hand {', '.join(whole)} whole to every rank with {sent} ({why})")
         return "; ".join(parts)
 
     said = scattered(_in_order(ordered, body, defs))

@@ -5,15 +5,17 @@ world size. ``--data global`` defines the run by the schedule one process would 
 (docs/global_batch.md):
 
 - the training set is not scattered: rank 0 loads it and every rank gets all of it
-  (``train = comm.bcast_obj(train)``, the dataset step's broadcast, so a download or a draw from
-  a per-rank random state happens once and every rank holds the same examples); a
+  (``train = mn.bcast_dataset(train, comm)``, the dataset step's broadcast, so a download or a
+  draw from a per-rank random state happens once and every rank holds the same examples; numpy
+  arrays are held once per host, shared read-only by its ranks, anything else is pickled); a
   ``TransformDataset`` (whose transform may not pickle) is built by every rank as written;
 - Chainer's training iterator (``SerialIterator``, ``MultiprocessIterator``,
   ``MultithreadIterator``) becomes ``mn.create_global_batch_iterator(train, batch, comm)``, its
   ``repeat`` and ``shuffle`` carried over. ``batch`` is the **global** batch: the script's batch
   with ``--scaling strong``, the script's batch times ``comm.size`` with weak scaling. Loader
-  workers (``n_processes``, ``n_threads``, ``shared_mem``, ...) are dropped and reported: the
-  global iterator reads this rank's part in the training process;
+  workers (``n_processes``, ``n_threads``) become the global iterator's reading threads,
+  ``n_threads=max(1, k // comm.intra_size)`` (the ranks of a node share its cores); what has
+  no counterpart (``shared_mem``, ``n_prefetch``, ...) is dropped and reported;
 - Chainer's ``extensions.snapshot(...)`` becomes ``mn.extensions.global_snapshot(...)`` with the
   same file name (and trigger, which stays on ``trainer.extend``): one file, written by rank 0,
   that ``chainer.serializers.load_npz(path, trainer)`` resumes on every rank at any number of
@@ -69,6 +71,9 @@ _PARAMETERS: dict[str, tuple[str, ...]] = {
 _LOADING = frozenset(
     {"n_processes", "n_prefetch", "shared_mem", "dataset_timeout", "maxtasksperchild", "n_threads"}
 )
+# the worker counts, carried as the global iterator's reading threads
+_WORKERS = ("n_processes", "n_threads")
+_WIDTH = 99  # a longer call is written one argument a line
 # Chainer's snapshot(savefun=None, filename=..., *, target=None, ...): what global_snapshot takes
 _SNAPSHOT_PARAMETERS = ("savefun", "filename")
 _SNAPSHOT_CARRIED = frozenset({"filename", "target"})
@@ -126,6 +131,25 @@ def replaces(ctx: FileContext, call: CallFact) -> bool:
     if id(call.stmt) in ctx.facts.under_rank_test or not ctx.visible(call.func):
         return False
     return not ctx.suppressed(call.node, _STEP)
+
+
+def broadcast(ctx: FileContext, name: str, comm: str) -> str:
+    """How rank 0's whole dataset ``name`` reaches every rank: ``mn.bcast_dataset`` under
+    ``--data global`` (numpy arrays held once per host, shared read-only; anything else
+    pickled), ``comm.bcast_obj`` otherwise (a hand-evaluated test set, docs/converter.md MN805)."""
+    if shares_arrays(ctx):
+        return f"{ctx.runtime.top('bcast_dataset')}({name}, {comm})"
+    return f"{comm}.bcast_obj({name})"
+
+
+def shares_arrays(ctx: FileContext) -> bool:
+    """Whole datasets go out through ``mn.bcast_dataset`` (``--data global``, mnify's runtime)."""
+    return ctx.options.global_data and ctx.spell.target == "mnify"
+
+
+def is_whole_broadcast(qname: str) -> bool:
+    """``mn.bcast_dataset(...)``: a dataset already handed whole to every rank."""
+    return vocab.is_runtime_name(qname, "bcast_dataset")
 
 
 def built_here(ctx: FileContext, name: str) -> bool:
@@ -205,9 +229,13 @@ def _plan_iterator(ctx: FileContext, call: CallFact) -> int:
     carried: list[str] = [
         name for name in ("repeat", "shuffle") if name in bound and not _is_none(bound[name].value)
     ]
+    workers = _workers(ctx, bound, comm)
+    extra = [f"n_threads={workers}"] if workers is not None else []
     ctx.plan.replace_node(
         call.node,
-        _global_iterator(call.qname, factory, global_batch, comm, carried),
+        _global_iterator(
+            call.qname, factory, global_batch, comm, carried, extra, _line_start(ctx, call)
+        ),
         call.stmt,
     )
     ctx.note(
@@ -219,15 +247,24 @@ def _plan_iterator(ctx: FileContext, call: CallFact) -> int:
         "so any number of ranks trains like one process with that batch",
         facts=(("per_rank_batch", per_rank), ("global_batch", global_batch)),
     )
-    dropped = sorted(name for name in bound if name in _LOADING)
-    if dropped or vocab.is_multiprocess_iterator(call.qname):
+    if workers is not None:
         ctx.note(
             call.node,
             _STEP,
             "info",
-            f"{vocab.last(call.qname)}'s loader workers ({', '.join(dropped) or 'its defaults'}) "
-            "are not carried: the global-batch iterator reads this rank's part of each batch in "
-            "the training process; keep loading cheap per example or prefetch inside the dataset",
+            f"{vocab.last(call.qname)}'s workers become n_threads={workers}: threads of the "
+            "training process read this rank's examples of each step (the ranks of a node share "
+            "its cores)",
+        )
+    dropped = sorted(n for n in bound if n in _LOADING and (workers is None or n not in _WORKERS))
+    if dropped or (vocab.is_multiprocess_iterator(call.qname) and workers is None):
+        ctx.note(
+            call.node,
+            _STEP,
+            "info",
+            f"{vocab.last(call.qname)}'s {', '.join(dropped) or 'default workers'} not carried: "
+            "the global-batch iterator reads this rank's part of each step in the training "
+            "process (n_threads threads at most, no prefetch); keep loading cheap per example",
         )
     ctx.note(
         call.node,
@@ -240,11 +277,44 @@ def _plan_iterator(ctx: FileContext, call: CallFact) -> int:
     return 1
 
 
+def _workers(ctx: FileContext, bound: dict[str, cst.Arg], comm: str) -> str | None:
+    """The global iterator's ``n_threads`` for the loader workers the script asked for
+    (``n_processes`` or ``n_threads``), divided among the ranks of a node as the workers step
+    divides them; None where none was given (Chainer's default)."""
+    given = next((bound[n].value for n in _WORKERS if n in bound), None)
+    if given is None or _is_none(given):
+        return None
+    code = ctx.code(given)
+    operand = code if isinstance(given, _SIMPLE) else f"({code})"
+    return f"max(1, {operand} // {comm}.intra_size)"
+
+
+def _line_start(ctx: FileContext, call: CallFact) -> tuple[int, int]:
+    """The indent of the statement's line as written and the columns of ``name = `` before the
+    iterator call when the call is what the statement assigns."""
+    assert call.stmt is not None
+    line = ctx.source.splitlines()[ctx.line(call.stmt) - 1]
+    indent = len(line) - len(line.lstrip())
+    prefix = 0
+    for a in ctx.facts.assigns:
+        if a.value is call.node and a.stmt is call.stmt and len(a.targets) == 1:
+            prefix = len(a.targets[0]) + 3
+    return indent, prefix
+
+
 def _is_none(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "None"
 
 
-def _global_iterator(qname: str, factory: str, batch: str, comm: str, carried: list[str]) -> NodeFn:
+def _global_iterator(
+    qname: str,
+    factory: str,
+    batch: str,
+    comm: str,
+    carried: list[str],
+    extra: list[str],
+    start: tuple[int, int],
+) -> NodeFn:
     """``SerialIterator(train, b, repeat=..., shuffle=...)`` -> ``factory(train, B, comm, ...)``
     from the updated call (its dataset argument as the other steps left it)."""
 
@@ -255,9 +325,13 @@ def _global_iterator(qname: str, factory: str, batch: str, comm: str, carried: l
         empty = cst.Module([])
         parts = [empty.code_for_node(bound["dataset"].value), batch, comm]
         parts += [f"{name}={empty.code_for_node(bound[name].value)}" for name in carried]
-        return expression(f"{factory}({', '.join(parts)})").with_changes(
-            lpar=node.lpar, rpar=node.rpar
-        )
+        parts += extra
+        code = f"{factory}({', '.join(parts)})"
+        indent, prefix = start
+        if indent + prefix + len(code) > _WIDTH:  # one argument a line, as black would
+            # (libcst indents continuation lines by the enclosing block's indentation)
+            code = f"{factory}(\n" + "".join(f"    {p},\n" for p in parts) + ")"
+        return expression(code).with_changes(lpar=node.lpar, rpar=node.rpar)
 
     return fn
 

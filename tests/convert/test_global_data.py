@@ -78,7 +78,7 @@ def test_global_data_whole_training_set_global_iterator_and_snapshot(
     out = convert(_script(), data="global", scaling=scaling, idempotent=True).output
     assert out is not None
     # rank 0 loads, every rank gets the whole training set; the test set keeps its scatter
-    assert_has_statement(out, "train = comm.bcast_obj(train)", within="main")
+    assert_has_statement(out, "train = mn.bcast_dataset(train, comm)", within="main")
     assert_has_statement(out, "test = mn.scatter_dataset(test, comm)", within="main")
     assert_no_expression(out, "mn.scatter_dataset(train, ...)")
     assert_has_statement(
@@ -116,15 +116,36 @@ def test_carried_and_dropped_iterator_arguments() -> None:
     result = convert(source, data="global", scaling="strong", idempotent=True)
     out = result.output
     assert out is not None
+    # the workers become reading threads, shared by the ranks of a node
     assert_has_expression(
         out,
-        "mn.create_global_batch_iterator(train, args.batchsize, comm, repeat=True, shuffle=False)",
+        "mn.create_global_batch_iterator(train, args.batchsize, comm, repeat=True, shuffle=False,"
+        " n_threads=max(1, 4 // comm.intra_size))",
     )
-    # no workers left to fork: no forkserver preamble, no n_processes division
+    # no processes left to fork: no forkserver preamble
     assert_no_expression(out, "multiprocessing.set_start_method(...)")
-    assert_no_expression(out, "max(1, ...)")
-    dropped = [e for e in result.entries if "loader workers" in e.message]
-    assert len(dropped) == 1 and "n_processes, shared_mem" in dropped[0].message
+    dropped = [e for e in result.entries if "not carried" in e.message]
+    assert len(dropped) == 1 and "shared_mem" in dropped[0].message
+    assert "n_processes" not in dropped[0].message
+
+
+def test_a_long_global_iterator_call_is_written_one_argument_a_line() -> None:
+    source = _script(
+        "chainer.iterators.MultithreadIterator(train, args.batchsize, shuffle=True, "
+        "n_threads=args.loader_threads)"
+    )
+    out = convert(source, data="global", scaling="strong", idempotent=True).output
+    assert out is not None
+    assert_has_expression(
+        out,
+        "mn.create_global_batch_iterator(train, args.batchsize, comm, shuffle=True, "
+        "n_threads=max(1, args.loader_threads // comm.intra_size))",
+    )
+    lines = [line for line in out.splitlines() if "create_global_batch_iterator" in line]
+    assert lines == ["    train_iter = mn.create_global_batch_iterator("]
+    assert max(len(line) for line in out.splitlines()) <= 99 or "extend" in max(
+        out.splitlines(), key=len
+    )
 
 
 def test_shuffle_none_is_chainers_default_shuffle() -> None:
