@@ -166,7 +166,7 @@ class _Summariser:
         walker = _Function(self, types, cls, module=module)
         for stmt in body:
             walker.visit(stmt)
-        return {"line": line, "sites": walker.sites}
+        return {"line": line, "sites": walker.sites, "returns": walker.returns}
 
 
 def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
@@ -201,6 +201,10 @@ class _Function(ast.NodeVisitor):
         self.module = module
         self.locals: set[str] = set()
         self.sites: list[list[Any]] = []
+        # what the function hands back, by what made it: a qualified maker, "generator" (it
+        # yields), "function" (a nested function or lambda), "" (anything else)
+        self.returns: list[str] = []
+        self._depth = 0  # nested functions: their returns are not this one's
 
     # bindings ---------------------------------------------------------------------------
     def _bind(self, target: ast.expr, made: str | None) -> None:
@@ -260,10 +264,30 @@ class _Function(ast.NodeVisitor):
                 self.locals.add(extra.arg)
         if not self.module:  # a def inside a function: part of it; its own name is local
             self.locals.add(node.name)
+            self.types[node.name] = "<function>"
+        self._depth += 1
         for stmt in [*node.decorator_list, *node.args.defaults, *node.body]:
             self.visit(stmt)
+        self._depth -= 1
 
     visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_Return(self, node: ast.Return) -> None:
+        if node.value is not None:
+            self.visit(node.value)
+            if self._depth <= 1:
+                if isinstance(node.value, ast.Lambda):
+                    self.returns.append("function")
+                else:
+                    made = self._made_by(node.value) or ""
+                    self.returns.append("function" if made == "<function>" else made)
+
+    def visit_Yield(self, node: ast.Yield) -> None:
+        self.generic_visit(node)
+        if self._depth <= 1:
+            self.returns.append("generator")
+
+    visit_YieldFrom = visit_Yield  # type: ignore[assignment]
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
         for arg in node.args.args:
@@ -293,6 +317,8 @@ class _Function(ast.NodeVisitor):
                     return f"m:{held}:{parts[-1]}"
                 return f"?:{parts[-2]}:{parts[-1]}"
         head = parts[0]
+        if self.types.get(head) == "<function>":
+            return ""  # a nested function: part of this one already
         if head in self.types and len(parts) == 1:
             return f"m:{self.types[head]}:__call__"
         if head in self.locals or (head in ("self", "cls") and self.cls is None):

@@ -166,6 +166,29 @@ class ProjectEffects:
                         return str(module)
         return None
 
+    def defined_at(self, path: str, line: int, name: str) -> tuple[str, str] | None:
+        """The file and key (``"load"``, ``"Model.save"``) of the function the call by ``name``
+        on ``line`` of ``path`` calls, wherever it is; None when it does not resolve to one."""
+        for at, called, summary, site in self._sites_of(path):
+            if at == line and called == name and site[2].startswith(("q:", "m:")):
+                target = self._ref_target(summary, site[2])
+                if target is not None and target[0] == "func":
+                    return self._paths.get(target[1]["module"], ""), str(target[2])
+        return None
+
+    def returns_at(self, path: str, line: int, name: str) -> list[str] | None:
+        """What the function the call by ``name`` on ``line`` of ``path`` calls hands back, by
+        what made each returned value (``returns`` of its summary: a qualified maker,
+        ``"generator"``, ``"function"``, ``""``); None when the call does not resolve to a
+        function whose source was read."""
+        for at, called, summary, site in self._sites_of(path):
+            if at == line and called == name and site[2].startswith(("q:", "m:")):
+                target = self._ref_target(summary, site[2])
+                if target is not None and target[0] == "func":
+                    returned: list[str] = target[1]["functions"][target[2]]["returns"]
+                    return returned
+        return None
+
     @property
     def modules_read(self) -> list[str]:
         """The modules read from disk (not converted), by name, in the order first reached."""

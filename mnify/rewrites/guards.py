@@ -18,17 +18,20 @@ loads (``load_npz(args.resume, trainer)``). Prints that name the rank are meant 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.program.effects import Effect
 from mnify.program.facts import CallFact
 from mnify.rewrites import call_sites, helper_writes
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import Guard, expression
 from mnify.rewrites.file_handles import HandleFamily, families
 from mnify.rewrites.registry import rewrite
+from mnify.rewrites.report import ReportEntry
 from mnify.syntax import argument_node, assigned_in, log_name_by_rank, mentions_rank, names_in
 
 RANK0 = Guard("rank0")
@@ -443,6 +446,43 @@ def _bound_name(stmt: cst.BaseStatement) -> str:
 _EVERY_RANKS_EFFECTS = ("trains", "collective", "reads-data", "imports")
 
 
+# the statements each file's effect-based decisions put on rank 0 (withdrawn where a callee
+# becomes a collective later in planning: a first-use cache's barrier, rewrites.trainers)
+_EFFECT_PLANS: weakref.WeakKeyDictionary[FileContext, list[tuple[CallFact, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def withdraw_effect_plans(
+    contexts: Iterable[FileContext], collective_helpers: set[tuple[str, str]]
+) -> None:
+    """Take back the rank-0 guards and broadcasts planned from effects on calls of helpers
+    that now join a collective (``(absolute file, function name)``): every rank must call
+    them."""
+    for ctx in contexts:
+        planned = _EFFECT_PLANS.get(ctx, [])
+        for call, how in list(planned):
+            name = ctx.called_by(call)
+            if ctx.effects is None or name is None or call.stmt is None:
+                continue
+            where = ctx.effects.defined_at(ctx.path, ctx.line(call.node), name)
+            if where is None or where not in collective_helpers:
+                continue
+            planned.remove((call, how))
+            if how == "guard":
+                ctx.withdraw_guard(call.stmt)
+            else:
+                ctx.plan.replace.pop(id(call.node), None)
+                ctx.plan.replaced_within.pop(id(call.node), None)
+            ctx.report.withdraw_claims_on(call.stmt)
+            line = ctx.line(call.stmt)
+
+            def said_here(entry: ReportEntry, line: int = line) -> bool:
+                return entry.step == "rank0-guard" and entry.line == line
+
+            ctx.report.drop(said_here)
+
+
 def _plan_effect_writes(ctx: FileContext) -> None:
     """A statement of the training flow that is one call of a function or method (of the
     project or an installed package, in any module) that writes files, through whatever it
@@ -473,9 +513,11 @@ def _plan_effect_writes(ctx: FileContext) -> None:
             writes is None
             or not writes.via  # a writer called right here: the guards above judge it
             or any(kind in effects for kind in _EVERY_RANKS_EFFECTS)
-            or not call_sites.alone_on_its_line(stmt, call.node)
             or (only is not None and "MN402" not in only)
         ):
+            continue
+        if not call_sites.alone_on_its_line(stmt, call.node):
+            _broadcast_effect_result(ctx, call, writes)
             continue
         if ctx.on_rank0_already(stmt) or ctx.plan.is_guarded(stmt) or ctx.before_comm_exists(stmt):
             continue
@@ -486,6 +528,7 @@ def _plan_effect_writes(ctx: FileContext) -> None:
         if ctx.comm_at(call.func, "writes") is None:
             continue
         ctx.plan.guard_stmt(stmt, RANK0)
+        _EFFECT_PLANS.setdefault(ctx, []).append((call, "guard"))
         ctx.note(
             stmt,
             "rank0-guard",
@@ -494,6 +537,69 @@ def _plan_effect_writes(ctx: FileContext) -> None:
             "MN402",
             claim=("guarded", stmt),
         )
+
+
+def _assigned_result(stmt: cst.BaseStatement, node: cst.Call) -> bool:
+    """``x = f(...)`` or ``x = f(...) if cond else other`` (either branch): one target name."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return False
+    small = stmt.body[0]
+    if not (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+    ):
+        return False
+    value = small.value
+    if isinstance(value, cst.IfExp):
+        return node is value.body or node is value.orelse
+    return node is value
+
+
+def _picklable_returns(ctx: FileContext, call: CallFact) -> bool:
+    """What the callee returns can be handed to the other ranks (``bcast_obj`` pickles it):
+    not a file, writer or logger, a generator or a function."""
+    name = ctx.called_by(call)
+    if ctx.effects is None or name is None:
+        return False
+    returned = ctx.effects.returns_at(ctx.path, ctx.line(call.node), name)
+    if not returned:
+        return False
+    return not any(r in _HANDLE_MAKERS or r in ("generator", "function") for r in returned)
+
+
+def _broadcast_effect_result(ctx: FileContext, call: CallFact, writes: Effect) -> None:
+    """``out = f(...)`` where ``f`` writes and hands back what the others use: rank 0 runs it,
+    every rank gets its result (``comm.bcast_obj``), as ``helper_writes`` does for the
+    project's own helpers."""
+    stmt = call.stmt
+    if (
+        stmt is None
+        or not _assigned_result(stmt, call.node)
+        or not _picklable_returns(ctx, call)
+        or ctx.on_rank0_already(stmt)
+        or ctx.plan.is_guarded(stmt)
+        or ctx.before_comm_exists(stmt)
+        or id(call.node) in ctx.plan.replace
+        or call.parent_qname.endswith("bcast_obj")
+        or ctx.suppressed(stmt, "rank0-guard", "MN402")
+        or ctx.reaches_collective(stmt)
+        or call_sites.collective_argument(ctx, call.node) is not None
+    ):
+        return
+    comm = ctx.comm_at(call.func, "writes")
+    if comm is None:
+        return
+    ctx.plan.replace_node(call.node, helper_writes.broadcast_from_rank0(ctx, comm), stmt)
+    _EFFECT_PLANS.setdefault(ctx, []).append((call, "broadcast"))
+    ctx.note(
+        stmt,
+        "rank0-guard",
+        "changed",
+        f"{ctx.called_by(call)}() writes files ({writes.describe()}) and returns what it made: "
+        f"rank 0 runs it, the other ranks wait for it and get its result ({comm}.bcast_obj)",
+        "MN402",
+    )
 
 
 @rewrite("rank0-guard", order=80, fixes=("MN401", "MN402", "MN902"), code="MN806")

@@ -108,7 +108,7 @@ def _assigned_from(stmt: cst.BaseStatement | None, node: cst.Call) -> bool:
     )
 
 
-def _broadcast_from_rank0(ctx: FileContext, comm: str) -> NodeFn:
+def broadcast_from_rank0(ctx: FileContext, comm: str) -> NodeFn:
     def fn(node: cst.CSTNode) -> cst.CSTNode:
         assert isinstance(node, cst.Call)
         code = ctx.code(node)
@@ -130,12 +130,12 @@ def broadcast_result(ctx: FileContext, call: CallFact, lift: Lift) -> bool:
     if ctx.reaches_collective(stmt) is not None:
         return False
     parent = call.parent_qname
-    if parent.endswith("bcast_obj"):
-        return True  # converted before
+    if parent.endswith("bcast_obj") or id(call.node) in ctx.plan.replace:
+        return True  # converted before, or broadcast already by the guards (its effects)
     comm = ctx.comm_at(call.func, lift.label)
     if comm is None:
         return True
-    ctx.plan.replace_node(call.node, _broadcast_from_rank0(ctx, comm), stmt)
+    ctx.plan.replace_node(call.node, broadcast_from_rank0(ctx, comm), stmt)
     ctx.note(
         stmt,
         "rank0-guard",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mnify import vocabulary as vocab
-from mnify.rewrites import trainers
+from mnify.rewrites import guards, trainers
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import EditPlan
 from mnify.rewrites.report import ReportEntry
@@ -179,11 +179,14 @@ def _distribute_at_run_time(
         ctx.report.drop(lambda e: e.severity == "needs-person" and e.step in _COVERED_AT_RUN_TIME)
     quiet: set[str] = set()
     if not outside:
+        waiting: set[tuple[str, str]] = set()
         for ctx in contexts.values():
             entry_func = ctx.entry.func if ctx.entry is not None else None
             quiet |= trainers.plan_helpers(
-                contexts, ctx, entry_func if id(ctx) in host_ids else None
+                contexts, ctx, entry_func if id(ctx) in host_ids else None, waiting
             )
+        # a helper that now waits at a barrier is called by every rank
+        guards.withdraw_effect_plans(contexts.values(), waiting)
     for ctx in contexts.values():
         trainers.drop_answered_print_notes(ctx, quiet)
     for ctx in hosts:

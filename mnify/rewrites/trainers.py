@@ -19,6 +19,7 @@ report says so.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from functools import partial
@@ -208,14 +209,21 @@ def _writes(ctx: FileContext, block: cst.If) -> cst.FunctionDef | None | bool:
 
 
 def plan_helpers(
-    contexts: Mapping[str, FileContext], ctx: FileContext, entry_func: cst.FunctionDef | None
+    contexts: Mapping[str, FileContext],
+    ctx: FileContext,
+    entry_func: cst.FunctionDef | None,
+    collective_helpers: set[tuple[str, str]] | None = None,
 ) -> set[str]:
     """What rank 0 alone must do in this file's helpers, which keep their signatures and take
     the communicator with ``comm = mn.current_communicator()`` as their first statement: build
     first-use caches (every rank waits, then reads), and call the project's writing extensions
-    and helpers. Returns the helpers whose every print now runs on rank 0 only."""
+    and helpers. Returns the helpers whose every print now runs on rank 0 only; adds to
+    ``collective_helpers`` (absolute file, name) the helpers that now wait at a barrier."""
     fetched: dict[int, cst.FunctionDef] = {}
     _plan_caches(ctx, entry_func, fetched)
+    if collective_helpers is not None:
+        where = os.path.abspath(ctx.path)
+        collective_helpers.update((where, func.name.value) for func in fetched.values())
     _plan_rank0_calls(contexts, ctx, entry_func, fetched)
     for func in fetched.values():
         _fetch_at_top(ctx, func)

@@ -160,6 +160,37 @@ def test_a_sub_package_helper_that_writes_is_run_by_rank_0_and_its_subprocess_re
     assert "subprocess.call" in forks[0].message
 
 
+def test_a_helper_that_writes_and_returns_its_directory_is_run_by_rank_0_and_broadcast() -> None:
+    """``out = make_run_dir(config) if not test else 'tmp'``: the value every rank needs comes
+    from rank 0's call (``bcast_obj``), in whichever branch the call stands."""
+    helper = textwrap.dedent(
+        """
+        import os
+        import shutil
+
+
+        def make_run_dir(config_path):
+            out = os.path.join('results', os.path.basename(config_path).split('.')[0])
+            os.makedirs(out)
+            shutil.copy(config_path, out)
+            return out
+        """
+    )
+    train = TRAIN.replace("from molkit import fit_model", "from util.rundir import make_run_dir")
+    train = train.replace(
+        "    fit_model(model, it, out=args.out)\n",
+        "    opt = chainer.optimizers.SGD()\n    opt.setup(model)\n"
+        "    out = make_run_dir('cfg.yml') if not args.out else 'results/test'\n",
+    )
+    results = _convert({"q/train.py": train, "q/util/__init__.py": "", "q/util/rundir.py": helper})
+    body = _body(results["q/train.py"].output)
+    want = (
+        "out = comm.bcast_obj(make_run_dir('cfg.yml') if comm.rank == 0 else None) "
+        "if not args.out else 'results/test'"
+    )
+    assert want in body
+
+
 def test_an_empty_tree_is_an_error(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "notes").mkdir(parents=True)

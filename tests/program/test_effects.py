@@ -335,3 +335,45 @@ def test_chainer_chemistry_run_train_trains_and_writes(tmp_path: Path) -> None:
     path = str(p["train.py"])
     assert _kinds(e.at_lines(path, 5, 5, "run_train")) >= {"trains", "writes"}
     assert _kinds(e.at_lines(path, 6, 6, "save_json")) == {"writes"}
+
+
+def test_what_a_function_hands_back(tmp_path: Path) -> None:
+    p = _project(
+        tmp_path,
+        {
+            "helpers.py": """
+            import os
+
+            def result_dir(base):
+                os.makedirs(base)
+                return base + "/run"
+
+            def log_handle(path):
+                f = open(path, "a")
+                return f
+
+            def rows(path):
+                yield from open(path)
+
+            def later(path):
+                def write():
+                    open(path, "w").close()
+                return write
+            """,
+            "train.py": """
+            from helpers import result_dir, log_handle, rows, later
+
+            def main():
+                out = result_dir("r")
+                log = log_handle("l")
+                it = rows("x")
+                cb = later("y")
+            """,
+        },
+    )
+    e = _effects(p, ["train.py", "helpers.py"])
+    path = str(p["train.py"])
+    assert e.returns_at(path, 5, "result_dir") == [""]
+    assert e.returns_at(path, 6, "log_handle") == ["builtins.open"]
+    assert e.returns_at(path, 7, "rows") == ["generator"]
+    assert e.returns_at(path, 8, "later") == ["function"]
