@@ -121,7 +121,10 @@ def _stop_at(milestone: Milestone, snapshot: str, comm: CommunicatorBase) -> Any
     from mnify.runtime.extensions.global_snapshot import save_global_snapshot
     from mnify.runtime.iterators.global_batch_iterator import GlobalBatchIterator
 
-    @training.make_extension(trigger=(1, "iteration"), priority=training.PRIORITY_READER - 1)
+    # the lowest priority: every other extension of the milestone's update runs first (Chainer's
+    # snapshot has -100), so their triggers are saved as having fired and nothing is skipped or
+    # run twice across the phases
+    @training.make_extension(trigger=(1, "iteration"), priority=-(2**62))
     def stop(trainer: Any) -> None:
         updater = trainer.updater
         if not milestone.reached(updater):

@@ -58,6 +58,10 @@ def test_growing_ranks_trains_like_one_process(tmp_path: Path) -> None:
     # the phases' snapshots are removed once the last phase ended well
     assert all(p["snapshot"] is None for p in phases)
     assert not any(Path(".").glob("mnify-phases-*"))
+    # the script's own per-epoch extension fired at the same iterations, once each
+    epoch_ends = [line for line in proc.stdout.splitlines() if "EPOCH END" in line]
+    assert epoch_ends == [line for line in plain.stdout.splitlines() if "EPOCH END" in line]
+    assert [line.split("=")[-1] for line in epoch_ends] == ["6", "9", "11"]
     # the code after trainer.run() ran once per rank of the last phase only
     assert proc.stdout.count("AFTER RUN") == 3 and proc.stdout.count("size=3") == 3
     a, b = np.load(one / "params.npz"), np.load(grown / "params.npz")

@@ -5,8 +5,9 @@
 float64, global-batch iterator (the whole dataset on every rank), Chainer's Trainer,
 ``GrowBatch(2)`` every epoch with ``--grow`` (accumulating above ``--max-per-rank``). After ``trainer.run()`` -- once, after the last
 phase -- rank 0 saves the parameters to OUT/params.npz, and every rank prints ``AFTER RUN`` with
-the world size and the iterator's position. Every rank appends the examples it read to
-OUT/ledger.RANKS.RANK.txt (one line an iteration).
+the world size and the iterator's position. Rank 0 prints ``EPOCH END`` with the iteration at
+each epoch's end, from an extension of the lowest priority Chainer's own use (a snapshot's).
+Every rank appends the examples it read to OUT/ledger.RANKS.RANK.txt (one line an iteration).
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ def main() -> None:
     trainer = chainer.training.Trainer(updater, (args.epochs, "epoch"), out=args.out)
     if args.grow:
         trainer.extend(mn.extensions.GrowBatch(2, (1, "epoch"), max_per_rank=args.max_per_rank))
+
+    @chainer.training.make_extension(trigger=(1, "epoch"), priority=-100)  # a snapshot's place
+    def epoch_ends(trainer: chainer.training.Trainer) -> None:
+        if comm.rank == 0:
+            print(f"EPOCH END iteration={trainer.updater.iteration}", flush=True)
+
+    trainer.extend(epoch_ends)
     trainer.run()
     print(f"AFTER RUN size={comm.size} iteration={updater.iteration}", flush=True)
     if comm.rank == 0:
