@@ -27,5 +27,7 @@ def test_combine_rank_means() -> None:
         [{"loss": (1.0, 3.0), "acc": (0.5, 3.0)}, {"loss": (3.0, 1.0)}, {}]
     )
     assert combined == {"acc": 0.5, "loss": 1.5}
+    # in the order the evaluator reported them (a PrintReport's columns follow it)
+    assert list(combined) == ["loss", "acc"]
     # no weights known at all: plain mean of the ranks that reported
     assert combine_rank_means([{"x": (1.0, 0.0)}, {"x": (2.0, 0.0)}]) == {"x": 1.5}

@@ -123,7 +123,8 @@ def combine_rank_means(per_rank: list[dict[str, tuple[float, float]]]) -> dict[s
     """``{key: (mean, weight)}`` of every rank -> the weighted mean of each key over the ranks.
 
     Keys whose weights are all zero (an evaluator that told us nothing) get the plain mean of
-    the ranks that reported them.
+    the ranks that reported them. Keys keep the order the evaluator reported them in (rank 0's
+    first), as one process's evaluator does: a report printed from them reads the same.
     """
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for results in per_rank:
@@ -135,7 +136,7 @@ def combine_rank_means(per_rank: list[dict[str, tuple[float, float]]]) -> dict[s
             entry[3] += 1
     return {
         key: (weighted / weight if weight > 0 else plain / count)
-        for key, (weighted, weight, plain, count) in sorted(totals.items())
+        for key, (weighted, weight, plain, count) in totals.items()
     }
 
 
