@@ -357,6 +357,8 @@ def next_steps(report: Report, scaling: str, script: str | None) -> list[str]:
                 f"batch: {global_batch} global as written, {per_rank} per rank (--scaling "
                 "strong): epochs and iteration-counted schedules keep their meaning"
             )
+    if lines and any(e.step == "global-data" and e.severity == "changed" for e in report.entries):
+        lines[0] += " (--data global: any number of ranks trains like one process with it)"
     people = len(report.needs_person())
     lines.append(
         f"{people} item(s) need a person (listed above)" if people else "nothing needs a person"

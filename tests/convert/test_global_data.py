@@ -310,6 +310,12 @@ def test_cli_grow_batch_implies_global_strong(tmp_path: Path) -> None:
     out = tmp_path / "out.py"
     result = CliRunner().invoke(main, ["convert", "--grow-batch", str(script), "-o", str(out)])
     assert result.exit_code == 0, result.output
+    batch_line = next(line for line in result.output.splitlines() if line.startswith("batch: "))
+    assert batch_line == (
+        "batch: args.batchsize global as written, args.batchsize / comm.size per rank (--scaling "
+        "strong): epochs and iteration-counted schedules keep their meaning (--data global: any "
+        "number of ranks trains like one process with it)"
+    )
     code = out.read_text(encoding="utf-8")
     assert_has_expression(code, "mn.create_global_batch_iterator(train, args.batchsize, comm)")
     assert_has_expression(code, "mn.extensions.GrowBatch(10, max_per_rank=args.batchsize)")
