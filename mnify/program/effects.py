@@ -30,6 +30,7 @@ cycle has been found to do so far, in source order, so the result never depends 
 from __future__ import annotations
 
 import ast
+import bisect
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -132,6 +133,7 @@ class ProjectEffects:
         self._memo: dict[tuple[str, str], dict[str, Effect]] = {}
         self._busy: set[tuple[str, str]] = set()
         self._sites: dict[str, list[tuple[int, str, Summary, list[Any]]]] = {}
+        self._site_lines: dict[str, list[int]] = {}
         self._methods = self._project_methods()
 
     # questions ------------------------------------------------------------------------
@@ -147,8 +149,8 @@ class ProjectEffects:
         """The effects of the calls that start on lines ``first..last`` of the converted file
         ``path`` (only those called by ``name``, when given: ``save_structure``, ``dump``)."""
         found: dict[str, Effect] = {}
-        for line, called, summary, site in self._sites_of(path):
-            if first <= line <= last and (name is None or called == name):
+        for _line, called, summary, site in self._sites_on(path, first, last):
+            if name is None or called == name:
                 for kind, effect in self._site(summary, site).items():
                     found.setdefault(kind, effect)
         return found
@@ -157,8 +159,8 @@ class ProjectEffects:
         """The module (a package's, or one of the project not converted) that defines what the
         call by ``name`` on ``line`` of ``path`` calls; None for the converted files' own
         functions, the fixed table's, or what does not resolve."""
-        for at, called, summary, site in self._sites_of(path):
-            if at == line and called == name and site[2].startswith(("q:", "m:")):
+        for _at, called, summary, site in self._sites_on(path, line, line):
+            if called == name and site[2].startswith(("q:", "m:")):
                 target = self._ref_target(summary, site[2])
                 if target is not None and target[0] in ("func", "class"):
                     module = target[1]["module"]
@@ -169,8 +171,8 @@ class ProjectEffects:
     def defined_at(self, path: str, line: int, name: str) -> tuple[str, str] | None:
         """The file and key (``"load"``, ``"Model.save"``) of the function the call by ``name``
         on ``line`` of ``path`` calls, wherever it is; None when it does not resolve to one."""
-        for at, called, summary, site in self._sites_of(path):
-            if at == line and called == name and site[2].startswith(("q:", "m:")):
+        for _at, called, summary, site in self._sites_on(path, line, line):
+            if called == name and site[2].startswith(("q:", "m:")):
                 target = self._ref_target(summary, site[2])
                 if target is not None and target[0] == "func":
                     return self._paths.get(target[1]["module"], ""), str(target[2])
@@ -181,8 +183,8 @@ class ProjectEffects:
         what made each returned value (``returns`` of its summary: a qualified maker,
         ``"generator"``, ``"function"``, ``""``); None when the call does not resolve to a
         function whose source was read."""
-        for at, called, summary, site in self._sites_of(path):
-            if at == line and called == name and site[2].startswith(("q:", "m:")):
+        for _at, called, summary, site in self._sites_on(path, line, line):
+            if called == name and site[2].startswith(("q:", "m:")):
                 target = self._ref_target(summary, site[2])
                 if target is not None and target[0] == "func":
                     returned: list[str] = target[1]["functions"][target[2]]["returns"]
@@ -212,6 +214,16 @@ class ProjectEffects:
             cached.sort(key=lambda s: s[0])
             self._sites[absolute] = cached
         return cached
+
+    def _sites_on(
+        self, path: str, first: int, last: int
+    ) -> list[tuple[int, str, Summary, list[Any]]]:
+        """The sites of ``path`` that start on lines ``first..last`` (sorted by line)."""
+        sites = self._sites_of(path)
+        lines = self._site_lines.get(path)
+        if lines is None:
+            lines = self._site_lines[path] = [s[0] for s in sites]
+        return sites[bisect.bisect_left(lines, first) : bisect.bisect_right(lines, last)]
 
     def _site(self, summary: Summary, site: list[Any]) -> dict[str, Effect]:
         line, _name, ref, direct, what = site
