@@ -354,3 +354,13 @@ def test_transform_dataset_is_built_on_every_rank() -> None:
         within="main",
         top_level=True,
     )
+
+
+def test_chainermn_target_keeps_the_scatter_and_says_why() -> None:
+    result = convert(_script(), data="global", target="chainermn")
+    assert result.output is not None
+    assert_has_statement(
+        result.output, "train = chainermn.scatter_dataset(train, comm, shuffle=True)"
+    )
+    assert_no_expression(result.output, "chainermn.create_global_batch_iterator(...)")
+    assert any("ChainerMN has no global-batch iterator" in m for m in _people(result))
