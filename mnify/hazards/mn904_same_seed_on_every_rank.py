@@ -371,7 +371,7 @@ def _training_start(
     module level, also the first that trains in the entry point's body. None: the seed is not
     a statement of a function's (or the module's) own body, or nothing after it trains."""
     parent = ctx.facts.parent_statement(seeded)
-    if parent is not None and not isinstance(parent, cst.FunctionDef):
+    if parent is not None and not isinstance(parent, cst.FunctionDef) and not _main_guard(parent):
         return None  # under a branch, a loop, a with or a try: not every run seeds here
     block = ctx.facts.block_of.get(id(seeded))
     if block is None:
@@ -387,6 +387,14 @@ def _training_start(
             if _statement_trains(ctx, stmt, trainers):
                 return stmt if isinstance(stmt, cst.BaseStatement) else None
     return None
+
+
+def _main_guard(stmt: cst.BaseStatement) -> bool:
+    """``if __name__ == '__main__':`` (every run of the script takes it)."""
+    if not isinstance(stmt, cst.If) or stmt.orelse is not None:
+        return False
+    code = cst.Module([]).code_for_node(stmt.test).replace("'", '"')
+    return "__name__" in code and '"__main__"' in code
 
 
 def _trains_after(ctx: FileContext, seeded: cst.BaseStatement, trainers: set[int]) -> bool:

@@ -135,3 +135,18 @@ def test_under_global_data_the_report_says_runs_at_other_sizes_differ() -> None:
     said = [e.message for e in result.entries if e.step == "seeds" and e.severity == "changed"]
     assert said and all("different numbers of ranks differ" in m for m in said)
     assert "np.random.seed(args.seed + comm.rank)" in _main_body(result.output or "")
+
+
+def test_a_seed_in_the_main_guard_of_a_module_level_script_is_reseeded() -> None:
+    """``if __name__ == '__main__':`` is the script itself, not a branch some runs skip."""
+    body = textwrap.dedent(MAIN.split("\n", 1)[1]) + TRAINER
+    source = IMPORTS + "\n\nif __name__ == '__main__':\n" + textwrap.indent(body, "    ")
+    result = convert(source)
+    guard = next(n for n in ast.parse(result.output or "").body if isinstance(n, ast.If))
+    lines = [ast.unparse(s) for s in guard.body]
+    run = lines.index("trainer.run()")
+    assert lines[run - 2 : run] == [
+        "np.random.seed(args.seed + comm.rank)",
+        "random.seed(args.seed + comm.rank)",
+    ]
+    assert not [e for e in result.entries if e.step == "seeds" and e.severity == "needs-person"]
