@@ -108,7 +108,7 @@ def lint(
     else:
         unlinted = len(result.errors) + len(missing)
         click.echo(format_diagnostics(result.diagnostics, output_format, unlinted), nl=False)
-        if output_format == "concise" and not result.diagnostics:
+        if output_format == "concise" and not (result.diagnostics or unlinted):
             for script in result.single_process:
                 # the rules judge a script as the distributed program it is part of; one with
                 # no communicator is not one yet, which "All checks passed!" alone would hide

@@ -55,9 +55,9 @@ def leave_alone_scripts_that_do_not_train(contexts: Mapping[str, FileContext]) -
         if trains or any("trains" in found for found in reached):
             continue
         _reset(ctx)
-        # nothing of a script the job does not run needs a person for the job (its evaluator
-        # loops, its datasets): the report says only that it is left as it is
-        ctx.report.drop(lambda e: True)
+        # its evaluation loops are no part of the job: nobody needs to make them multi-node
+        ctx.report.keep_only_needs_person()
+        ctx.report.drop(lambda e: e.step == "evaluator")
         ctx.report.entries.append(
             ReportEntry(
                 ctx.path,

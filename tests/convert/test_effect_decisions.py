@@ -126,7 +126,7 @@ def test_a_library_helper_that_trains_is_distributed_and_a_dict_update_is_not_tr
     assert any(s.startswith("if comm.rank == 0:\n    with open('summary.json'") for s in body)
     predict = results["proj/predict.py"]
     assert not predict.changed
-    assert [e.code for e in predict.entries] == ["MN801"]  # and nothing for a person
+    assert [e.code for e in predict.entries] == ["MN801"]  # no MN505 for its evaluation
 
 
 def test_a_sub_package_helper_that_writes_is_run_by_rank_0_and_its_subprocess_reported() -> None:
