@@ -7,5 +7,7 @@ attribute reads, divisions and iteration units (what the rewrites plan from); ``
 ``flow`` and ``meaning``: where the walk is and what names mean there (what the hazards detect
 from); ``noqa``: the suppressions; ``project``: what the files of one
 program do with each other's code (helpers wrapped where they are called, models converted
-where they are built, trainers distributed at run time).
+where they are built, trainers distributed at run time); ``effects`` (with ``effect_summary``
+and ``effect_cache``): what each function of the program and of the packages it calls does,
+transitively (writes, trains, reads data, changes imports, forks, joins collectives).
 """
