@@ -40,6 +40,26 @@ SCATTER_FUNCTIONS = _multi_node(
     "datasets.scatter_dataset.scatter_index",
 )
 EMPTY_DATASET_FACTORIES = _multi_node("create_empty_dataset", "datasets.create_empty_dataset")
+# The global batch's collectives (docs/global_batch.md): every rank builds the iterator together
+# (one allgather compares the datasets), and receives rank 0's dataset together.
+GLOBAL_BATCH_COLLECTIVES = {
+    qname: what
+    for what, paths in (
+        (
+            "create_global_batch_iterator",
+            (
+                "create_global_batch_iterator",
+                "iterators.create_global_batch_iterator",
+                "iterators.global_batch_iterator.create_global_batch_iterator",
+            ),
+        ),
+        (
+            "bcast_dataset",
+            ("bcast_dataset", "datasets.bcast_dataset", "datasets.bcast_dataset.bcast_dataset"),
+        ),
+    )
+    for qname in _multi_node(*paths)
+}
 # Calls or base classes that make a script model parallel (ranks hold parts of one model and
 # see the same batch), where data-parallel completeness rules do not apply.
 MODEL_PARALLEL_MARKERS = _multi_node(
@@ -456,6 +476,11 @@ def is_multi_gpu_updater(qname: str) -> bool:
     return under(qname, "chainer.training") and last(qname) in MULTI_GPU_UPDATERS
 
 
+def is_standard_updater(qname: str) -> bool:
+    """Chainer's ``StandardUpdater`` (whose step ``GrowBatch`` can cut into micro-batches)."""
+    return under(qname, "chainer.training") and last(qname) == "StandardUpdater"
+
+
 def is_library_bn_model(qname: str) -> bool:
     """A model Chainer ships that holds BatchNormalization (``L.ResNet50Layers``)."""
     return under(qname, "chainer.links") and last(qname) in BN_LIBRARY_MODELS
@@ -794,7 +819,11 @@ def effect_of_named(qname: str) -> tuple[str, ...]:
         kinds.append("imports")
     if is_dataset_factory(bare) and last(bare).startswith("get_"):
         kinds.append("reads-data")
-    if is_scatter(bare) or is_multi_node_optimizer_factory(bare):
+    if (
+        is_scatter(bare)
+        or is_multi_node_optimizer_factory(bare)
+        or bare in GLOBAL_BATCH_COLLECTIVES
+    ):
         kinds.append("collective")
     return tuple(dict.fromkeys(kinds))
 

@@ -219,6 +219,9 @@ class ExpressionMeaning:
         names = self.callee_names(call)
         if N.any_in(names, N.SCATTER_FUNCTIONS):
             return "scatter_dataset"
+        for name in sorted(names):
+            if name.lstrip(".") in N.GLOBAL_BATCH_COLLECTIVES:
+                return N.GLOBAL_BATCH_COLLECTIVES[name.lstrip(".")]
         if N.any_in(names, N.COMMUNICATOR_FACTORIES):
             return "create_communicator"
         if isinstance(func, cst.Name) and self.binding_kind(func) == "mn_evaluator":

@@ -255,10 +255,9 @@ def _global_batch(ctx: FileContext) -> str | None:
 def _standard_updater(ctx: FileContext) -> bool:
     """The script trains with Chainer's StandardUpdater (GrowBatch's accumulation replaces its
     step; a custom updater's step is its own)."""
-    return any(
-        vocab.under(c.qname, "chainer.training") and vocab.last(c.qname) == "StandardUpdater"
-        for c in ctx.facts.calls
-    ) and not any(vocab.last(c.qname) in vocab.MULTI_GPU_UPDATERS for c in ctx.facts.calls)
+    return any(vocab.is_standard_updater(c.qname) for c in ctx.facts.calls) and not any(
+        vocab.last(c.qname) in vocab.MULTI_GPU_UPDATERS for c in ctx.facts.calls
+    )
 
 
 @rewrite(_STEP, order=37, code="MN819")
