@@ -22,7 +22,7 @@ from mnify import vocabulary as vocab
 from mnify.program.effect_summary import Summary, summarise
 
 # bump when a summary's shape or meaning changes
-_VERSION = "2"
+_VERSION = "3"
 
 
 def _table_digest() -> str:

@@ -319,6 +319,8 @@ class _Function(ast.NodeVisitor):
         head = parts[0]
         if self.types.get(head) == "<function>":
             return ""  # a nested function: part of this one already
+        if len(parts) == 1 and head in self.locals and head not in self.types:
+            return "opaque"  # a value called: a parameter or variable holding any callable
         if head in self.types and len(parts) == 1:
             return f"m:{self.types[head]}:__call__"
         if head in self.locals or (head in ("self", "cls") and self.cls is None):
@@ -359,6 +361,9 @@ class _Function(ast.NodeVisitor):
                 direct = list(vocab.effect_of_method(cls, method))
             else:
                 ref = target
+        elif target == "opaque":
+            direct = ["opaque"]
+            what = f"{name}(...), a value whose function is not known"
         elif target.startswith("?:"):
             receiver, method = target[2:].rsplit(":", 1)
             direct = list(vocab.effect_of_unknown_method(receiver, method))

@@ -14,7 +14,10 @@ library's ``run_train`` trains, through the library. The kinds:
 * ``reads-data``: one of Chainer's dataset getters;
 * ``imports``: ``sys.path`` changed, or a module imported by name;
 * ``forks``: a subprocess, ``os.fork``, a multiprocessing pool or process;
-* ``collective``: a call every rank must join (a communicator's collective, scattering).
+* ``collective``: a call every rank must join (a communicator's collective, scattering);
+* ``opaque``: a call whose function cannot be known (a parameter or variable called, a method
+  the object's known class does not define, such as a class kept in ``self.<attr>`` and called):
+  it may do anything, so nothing that must not train is decided on it.
 
 Every function, method and lambda of the converted files is summarised from the syntax tree the
 conversion already has (``effect_summary``); calls resolve by qualified name (imports, the
@@ -42,7 +45,7 @@ from mnify import vocabulary as vocab
 from mnify.program.effect_cache import SummaryCache, default_directory
 from mnify.program.effect_summary import MODULE_CODE, Summary, summarise, table_root
 
-KINDS = ("writes", "trains", "reads-data", "imports", "forks", "collective")
+KINDS = ("writes", "trains", "reads-data", "imports", "forks", "collective", "opaque")
 # methods common to many classes: a call of one on an object of unknown class is not taken for
 # the one class of the project that defines it
 _COMMON_METHODS = frozenset(
@@ -70,6 +73,8 @@ _COMMON_METHODS = frozenset(
         "to_cpu",
         "to_device",
     }
+) | frozenset(  # the builtin types' own (``"...".format(x)``, ``d.items()``)
+    name for kind in (str, bytes, list, dict, set, tuple, int, float, object) for name in dir(kind)
 )
 
 
@@ -272,6 +277,8 @@ class ProjectEffects:
         kind, where, name = target
         if kind == "func":
             return self._function(where, name)
+        if kind == "opaque":
+            return {"opaque": Effect("opaque", f"{where}, not defined by its class", "", 0)}
         kinds = vocab.effect_of_method(where, name) if name else vocab.effect_of_named(where)
         what = f"{where}.{name}" if name else str(where)
         return {k: Effect(k, what, "", 0) for k in kinds}
@@ -285,7 +292,10 @@ class ProjectEffects:
             if cls is None:
                 return None
             if cls[0] == "class":
-                return self._method(cls[1], cls[2], method, 0)
+                found = self._method(cls[1], cls[2], method, 0)
+                if found is None and not self._inherits_from_table(cls[1], cls[2], 0):
+                    return ("opaque", f"{cls_name}.{method}", "")
+                return found
             if cls[0] == "table":
                 return ("table", cls[1], method)
             return None
@@ -340,6 +350,22 @@ class ProjectEffects:
                 if inherited is not None:
                     return inherited
         return None
+
+    def _inherits_from_table(self, module: Summary, cls: str, depth: int) -> bool:
+        """Whether ``cls`` has a base from the fixed table (``chainer.Chain``): the method may
+        be one of its own (``to_gpu``, ``namedparams``), whose effects the table gives."""
+        if depth > 12:
+            return False
+        for base in module["classes"].get(cls, []):
+            if table_root(base):
+                return True
+            found = self._resolve(base, depth + 1)
+            if found is not None and found[0] == "class":
+                if self._inherits_from_table(found[1], found[2], depth + 1):
+                    return True
+            elif found is None:
+                return True  # a base that cannot be read: it may define the method
+        return False
 
     def _find(self, dotted: str) -> Summary | None:
         """The module ``dotted``: a converted file, or a file found on the search path (never

@@ -443,7 +443,7 @@ def _bound_name(stmt: cst.BaseStatement) -> str:
 
 # what a call must not do to be run on rank 0 alone: every rank must train, join collectives,
 # read its data and make the same import changes
-_EVERY_RANKS_EFFECTS = ("trains", "collective", "reads-data", "imports")
+_EVERY_RANKS_EFFECTS = ("trains", "collective", "reads-data", "imports", "opaque")
 
 
 # the statements each file's effect-based decisions put on rank 0 (withdrawn where a callee
@@ -466,7 +466,8 @@ def withdraw_effect_plans(
             if ctx.effects is None or name is None or call.stmt is None:
                 continue
             where = ctx.effects.defined_at(ctx.path, ctx.line(call.node), name)
-            if where is None or where not in collective_helpers:
+            # a method counts by its own name (the helpers fetched are named so)
+            if where is None or (where[0], where[1].rsplit(".", 1)[-1]) not in collective_helpers:
                 continue
             planned.remove((call, how))
             if how == "guard":

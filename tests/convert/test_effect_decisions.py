@@ -191,6 +191,50 @@ def test_a_helper_that_writes_and_returns_its_directory_is_run_by_rank_0_and_bro
     assert want in body
 
 
+def test_a_pipeline_that_trains_through_a_class_kept_in_an_attribute_stays_on_every_rank() -> None:
+    """``builder.run(...)`` makes its output directory (a write) and trains through a trainer
+    class it keeps in ``self.trainer_class`` and calls: the analysis cannot tell what that
+    call does, so the call is never put on rank 0 alone (every rank must train)."""
+    pipeline = textwrap.dedent(
+        """
+        import os
+
+        import chainer
+        from chainer import training
+
+
+        class FitStep:
+            def __init__(self, out):
+                self.out = out
+
+            def __call__(self, model, it):
+                opt = chainer.optimizers.SGD()
+                opt.setup(model)
+                updater = training.StandardUpdater(it, opt)
+                training.Trainer(updater, (1, 'epoch'), out=self.out).run()
+
+
+        class Pipeline:
+            def __init__(self, trainer_class=None):
+                self.trainer_class = trainer_class or FitStep
+
+            def run(self, model, it, out):
+                if not os.path.isdir(out):
+                    os.mkdir(out)
+                step = self.trainer_class(out)
+                step(model, it)
+        """
+    )
+    train = TRAIN.replace("from molkit import fit_model", "from pipeline import Pipeline")
+    train = train.replace(
+        "    fit_model(model, it, out=args.out)\n",
+        "    Pipeline().run(model, it, args.out)\n",
+    )
+    results = _convert({"r/train.py": train, "r/pipeline.py": pipeline})
+    body = _body(results["r/train.py"].output)
+    assert "Pipeline().run(model, it, args.out)" in body
+
+
 def test_an_empty_tree_is_an_error(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "notes").mkdir(parents=True)

@@ -377,3 +377,40 @@ def test_what_a_function_hands_back(tmp_path: Path) -> None:
     assert e.returns_at(path, 6, "log_handle") == ["builtins.open"]
     assert e.returns_at(path, 7, "rows") == ["generator"]
     assert e.returns_at(path, 8, "later") == ["function"]
+
+
+def test_a_callable_held_in_a_variable_or_attribute_is_opaque(tmp_path: Path) -> None:
+    """A class kept in ``self.<attr>`` and called, or a parameter called: it may train, so the
+    analysis says it cannot tell (``opaque``), and ``"".format`` is never a project method."""
+    p = _project(
+        tmp_path,
+        {
+            "pipe.py": """
+            import os
+
+            class Runner:
+                def __init__(self, trainer_class=None):
+                    self.trainer_class = trainer_class
+
+                def go(self, out, data):
+                    os.mkdir(out)
+                    run = self.trainer_class(out)
+                    run(data)
+
+            def apply(fn, x):
+                return fn(x)
+
+            class Texts:
+                def format(self, path):
+                    open(path, "w").close()
+
+            def label(n):
+                return "{}".format(n)
+            """
+        },
+    )
+    e = _effects(p, ["pipe.py"])
+    path = str(p["pipe.py"])
+    assert _kinds(e.function(path, "Runner.go")) == {"writes", "opaque"}
+    assert _kinds(e.function(path, "apply")) == {"opaque"}
+    assert not e.function(path, "label")
