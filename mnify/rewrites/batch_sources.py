@@ -102,9 +102,9 @@ def step_functions(ctx: SourceFile) -> list[StepFunction]:
             func = call.func
             if func is None or id(func) in found or call.stmt is None:
                 continue
-            if repeated(ctx, call):
-                continue
-            if any(calls_function(ctx, call, s) for s in found.values()):
+            if any(calls_function(ctx, call, s) for s in found.values()) and not repeated(
+                ctx, call
+            ):
                 found[id(func)] = StepFunction(func, ctx.facts.func_class.get(id(func)))
                 changed = True
     order = {id(f): i for i, f in enumerate(ctx.facts.module_functions.values())}
@@ -385,19 +385,6 @@ def split_data(call: cst.Call) -> cst.BaseExpression | None:
     if name.rsplit(".", 1)[-1] not in _SPLITTERS or not call.args or call.args[0].keyword:
         return None
     return call.args[0].value
-
-
-def iterated(node: cst.CSTNode) -> list[cst.BaseExpression]:
-    """What ``node`` iterates by hand: the arguments of its ``next()``/``iter()`` calls."""
-    found: list[cst.BaseExpression] = []
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> None:
-            if dotted_name(n.func) in ("next", "iter") and n.args:
-                found.append(n.args[0].value)
-
-    node.visit(_Visitor())
-    return found
 
 
 def unwrap_iter(expr: cst.BaseExpression) -> cst.BaseExpression:

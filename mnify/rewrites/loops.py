@@ -277,6 +277,7 @@ def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
         for sub in _subscripts(small.value)
         if isinstance(sub.value, cst.Name)
     }
+    iterated: list[cst.BaseExpression] = []  # what next()/iter() is called on
     for node in path:
         for sub in _subscripts(node):
             value = sub.value
@@ -294,12 +295,14 @@ def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
                 if value.attr.value not in loop.members:
                     loop.members.append(value.attr.value)
         for call in _calls(node):
+            if dotted_name(call.func) in ("next", "iter") and call.args:
+                iterated.append(call.args[0].value)
             for given in batch_sources.source_data(ctx, call) or []:
                 if not (_names(given) & local):
                     _add_array(loop, given)
             if (dotted_name(call.func) or "").endswith("array_split"):
                 loop.splits_batches = True
-    _batch_sources(ctx, loop, path, heads, local, indexing)
+    _batch_sources(ctx, loop, path, heads, iterated, local, indexing)
     _counts(loop, [h[1] for h in heads if h[1] is not None] + path, local)
     return loop
 
@@ -319,17 +322,19 @@ def _batch_sources(
     loop: _Loop,
     path: list[cst.CSTNode],
     heads: list[tuple[cst.BaseExpression, cst.BaseExpression]],
+    iterated: list[cst.BaseExpression],
     local: set[str],
     indexing: set[str],
 ) -> None:
-    """Batches drawn from what the loop iterates: a loop header or ``next(it)`` over the file's
+    """Batches drawn from what the loop iterates (``iterated``: what ``next()``/``iter()`` is
+    called on in the loop): a loop header or ``next(it)`` over the file's
     generator or iterable class (also bound to a name before the loop: ``it = iter(Batches(x,
     y, 50))``), or over ``np.array_split(x, k)`` when the batches it yields are the data
     themselves, not positions that index it."""
     iterables: list[tuple[cst.BaseExpression | None, cst.BaseExpression]] = [
         (t, i) for t, i in heads if any(i is p for p in path)
     ]
-    iterables += [(None, e) for node in path for e in batch_sources.iterated(node)]
+    iterables += [(None, e) for e in iterated]
     for target, iterable in iterables:
         expr = batch_sources.unwrap_iter(iterable)
         if isinstance(expr, cst.Name) and expr.value not in local:
