@@ -154,6 +154,8 @@ def _log_read_after(ctx: FileContext, call: CallFact) -> bool:
             name = other.node.args[0].value
             if isinstance(name, cst.SimpleString) and name.evaluated_value == "LogReport":
                 return True
+        if _package_extension(ctx, other):
+            return True
     ext = call.node.args[0].value
     if isinstance(ext, cst.Name):
         bound = ext.value
@@ -165,6 +167,19 @@ def _log_read_after(ctx: FileContext, call: CallFact) -> bool:
             for n in ctx.facts.attributes
         )
     return False
+
+
+def _package_extension(ctx: FileContext, call: CallFact) -> bool:
+    """``trainer.extend(Ext(...))`` with ``Ext`` an installed package's (not Chainer's): it may
+    read the LogReport on every rank (chainer-chemistry's AutoPrintReport does), so that one
+    stays on every rank (program/effects.py says where ``Ext`` is defined)."""
+    if call.method != "extend" or not call.node.args or ctx.effects is None:
+        return False
+    made = ctx.facts.call_of(call.node.args[0].value)
+    name = ctx.called_by(made) if made is not None else None
+    if made is None or name is None or vocab.is_chainer_name(made.qname):
+        return False
+    return ctx.effects.resolves_outside(ctx.path, ctx.line(made.node), name) is not None
 
 
 def _log_name_on_rank0(comm: str) -> Callable[[cst.CSTNode], cst.CSTNode]:

@@ -21,6 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 # run_train does; found on sys.path and read from its source, never imported
 LIBRARY = {
     "molkit/__init__.py": "from molkit.training import fit_model\n",
+    "molkit/report.py": """
+        from chainer.training import extension
+
+        class EpochPrinter(extension.Extension):
+            def __call__(self, trainer):
+                print(trainer.get_extension('LogReport').log[-1])
+        """,
     "molkit/training.py": """
         import chainer
         from chainer import training
@@ -233,6 +240,27 @@ def test_a_pipeline_that_trains_through_a_class_kept_in_an_attribute_stays_on_ev
     results = _convert({"r/train.py": train, "r/pipeline.py": pipeline})
     body = _body(results["r/train.py"].output)
     assert "Pipeline().run(model, it, args.out)" in body
+
+
+def test_a_log_report_a_package_extension_may_read_stays_on_every_rank(library: Path) -> None:
+    """A package's extension registered next to the LogReport may read it on every rank: the
+    LogReport stays on every rank, only its file is rank 0's."""
+    train = TRAIN.replace(
+        "from molkit import fit_model",
+        "from chainer import training\nfrom chainer.training import extensions\n"
+        "from molkit.report import EpochPrinter",
+    ).replace(
+        "    fit_model(model, it, out=args.out)\n",
+        "    opt = chainer.optimizers.SGD()\n    opt.setup(model)\n"
+        "    trainer = training.Trainer(training.StandardUpdater(it, opt), (1, 'epoch'))\n"
+        "    trainer.extend(extensions.LogReport())\n"
+        "    trainer.extend(EpochPrinter())\n"
+        "    trainer.run()\n",
+    )
+    body = _body(_convert({"s/train.py": train})["s/train.py"].output)
+    assert (
+        "trainer.extend(extensions.LogReport(log_name='log' if comm.rank == 0 else None))" in body
+    )
 
 
 def test_an_empty_tree_is_an_error(tmp_path: Path) -> None:
