@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import chainer
 import numpy as np
-from mpi4py import MPI
 
 if TYPE_CHECKING:
     from mnify.runtime.communicators.base import CommunicatorBase
@@ -96,6 +95,8 @@ def _share_per_host(
     dataset: Any, comm: CommunicatorBase, layout: list[tuple[tuple[int, ...], str]], name: str
 ) -> list[np.ndarray] | None:
     """The arrays in one shared file per host; None (on every rank) if a host had no room."""
+    from mpi4py import MPI  # here, not at import: MPI must not start before a forkserver does
+
     world = comm.mpi_comm
     leader = comm.intra_rank == 0
     host = world.Split(comm.inter_rank, comm.intra_rank)
