@@ -541,6 +541,9 @@ def _plan_effect_writes(ctx: FileContext) -> None:
             continue
         if call_sites.collective_argument(ctx, call.node) is not None:
             continue
+        if _passes_a_trainer(ctx, call):
+            continue  # it registers extensions: distribute_extensions places them (evaluators
+            # on every rank, writers on rank 0), a guard would leave rank 0 evaluating alone
         if ctx.comm_at(call.func, "writes") is None:
             continue
         ctx.plan.guard_stmt(stmt, RANK0)
@@ -553,6 +556,23 @@ def _plan_effect_writes(ctx: FileContext) -> None:
             "MN402",
             claim=("guarded", stmt),
         )
+
+
+def _passes_a_trainer(ctx: FileContext, call: CallFact) -> bool:
+    """``add_extensions(trainer, ...)``: an argument is a name the file binds to a Trainer."""
+    trainers = set()
+    for made in ctx.facts.calls:
+        stmt = made.stmt
+        if not vocab.is_trainer(made.qname) or not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Assign) and small.value is made.node:
+                trainers |= {
+                    t.target.value for t in small.targets if isinstance(t.target, cst.Name)
+                }
+    return any(
+        isinstance(arg.value, cst.Name) and arg.value.value in trainers for arg in call.node.args
+    )
 
 
 def _assigned_result(stmt: cst.BaseStatement, node: cst.Call) -> bool:
