@@ -138,6 +138,31 @@ def names_in(nodes: Iterable[cst.CSTNode]) -> set[str]:
     return collector.names
 
 
+class _ReadNameCollector(_NameCollector):
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+
+def read_names(node: cst.CSTNode) -> set[str]:
+    """Plain names read in ``node``: ``x`` of ``x.shape``, not ``shape`` (an attribute)."""
+    collector = _ReadNameCollector()
+    node.visit(collector)
+    return collector.names
+
+
+def calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call inside ``node``, outer before inner, in source order."""
+    found: list[cst.Call] = []
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(_Collector())
+    return found
+
+
 def assigned_in(nodes: Iterable[cst.CSTNode]) -> set[str]:
     """Names bound by assignments and for-loops inside ``nodes``."""
 

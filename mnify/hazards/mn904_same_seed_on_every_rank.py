@@ -31,7 +31,7 @@ from mnify.rewrites.batch_sources import (
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import statement
 from mnify.rewrites.registry import rewrite
-from mnify.syntax import argument, argument_node, assigned_in, mentions_rank, names_in
+from mnify.syntax import argument, argument_node, assigned_in, calls_in, mentions_rank, names_in
 
 # what seeds a process-wide random generator (qualified names, as lint resolves callees)
 GLOBAL_SEEDERS = frozenset({"numpy.random.seed", "random.seed", "cupy.random.seed"})
@@ -160,7 +160,7 @@ def fix(ctx: FileContext) -> None:
         assert call.stmt is not None
         if ctx.suppressed(call.node, _STEP) or id(call.stmt) in ctx.facts.under_rank_test:
             continue
-        if any(ctx.facts.call_of(n) is not None for n in _calls_in(seed.seed)):
+        if any(ctx.facts.call_of(n) is not None for n in calls_in(seed.seed)):
             continue  # a seed computed by a call (the clock): not alike on every rank
         where = _training_start(ctx, call.stmt, trainers)
         shown = ctx.code(call.node)
@@ -284,17 +284,6 @@ def _seed_parameter(ctx: FileContext, func: cst.FunctionDef) -> str | None:
     return None
 
 
-def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> None:
-            found.append(n)
-
-    node.visit(_Visitor())
-    return found
-
-
 def _training_functions(ctx: FileContext) -> set[int]:
     """Functions of the file that train (run a Trainer, step an optimizer), directly or through
     another function of the file. A local query: mnify/program/effects.py answers it across the
@@ -345,22 +334,13 @@ def _trains(ctx: FileContext, call: CallFact, optimizers: set[str]) -> bool:
 def _statement_trains(ctx: FileContext, stmt: cst.BaseStatement, trainers: set[int]) -> bool:
     optimizers = optimizer_names(ctx)
     for c in ctx.facts.calls:
-        if c.stmt is None or not _within(ctx, c.stmt, stmt):
+        if c.stmt is None or not ctx.facts.within(c.stmt, stmt):
             continue
         if _trains(ctx, c, optimizers):
             return True
         callee = _callee(ctx, c)
         if callee is not None and id(callee) in trainers:
             return True
-    return False
-
-
-def _within(ctx: FileContext, stmt: cst.BaseStatement, outer: cst.BaseStatement) -> bool:
-    current: cst.BaseStatement | None = stmt
-    while current is not None:
-        if current is outer:
-            return True
-        current = ctx.facts.parent_statement(current)
     return False
 
 

@@ -112,6 +112,15 @@ class Facts:
     def parent_statement(self, stmt: cst.BaseStatement) -> cst.BaseStatement | None:
         return self.stmt_parent.get(id(stmt))
 
+    def within(self, stmt: cst.BaseStatement, outer: cst.BaseStatement) -> bool:
+        """``stmt`` is ``outer`` or a statement of its body, at any depth."""
+        current: cst.BaseStatement | None = stmt
+        while current is not None:
+            if current is outer:
+                return True
+            current = self.parent_statement(current)
+        return False
+
     def call_of(self, node: cst.CSTNode | None) -> CallFact | None:
         """The fact recorded for a call node (None for anything else)."""
         return self.call_index.get(id(node)) if node is not None else None

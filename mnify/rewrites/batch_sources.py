@@ -31,7 +31,7 @@ import libcst as cst
 from mnify import vocabulary as vocab
 from mnify.program.facts import CallFact
 from mnify.rewrites.source_file import SourceFile
-from mnify.syntax import dotted_name, target_names
+from mnify.syntax import dotted_name, read_names, target_names
 
 LOOPS = (cst.For, cst.While)
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
@@ -220,26 +220,11 @@ def _subscripted_by_own(body: cst.CSTNode, bound: set[str]) -> list[cst.Subscrip
     class _Visitor(cst.CSTVisitor):
         def visit_Subscript(self, n: cst.Subscript) -> None:
             for element in n.slice:
-                if _names(element.slice) & bound:
+                if read_names(element.slice) & bound:
                     found.append(n)
                     return
 
     body.visit(_Visitor())
-    return found
-
-
-def _names(node: cst.CSTNode) -> set[str]:
-    found: set[str] = set()
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            found.add(n.value)
-
-        def visit_Attribute(self, n: cst.Attribute) -> bool:
-            n.value.visit(self)
-            return False
-
-    node.visit(_Visitor())
     return found
 
 
@@ -340,7 +325,7 @@ def _class_data(cls: cst.ClassDef, call: cst.Call) -> list[cst.BaseExpression] |
                     and isinstance(target.value, cst.Name)
                     and target.value.value == "self"
                 ):
-                    given = _names(value) & set(params[1:])
+                    given = read_names(value) & set(params[1:])
                     if len(given) == 1:
                         kept[target.attr.value] = given.pop()
 

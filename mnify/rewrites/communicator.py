@@ -221,7 +221,7 @@ def _module_level_home(ctx: FileContext, stmt: cst.BaseStatement, name: str) -> 
                 handed.append(Home(func=func, top_of=func, args=param, why=why))
         if handed:
             return min(handed, key=lambda h: _preference(ctx, h.func))
-    if guard is not None and _training_inside(ctx, guard) and not _inside(ctx, stmt, guard):
+    if guard is not None and _training_inside(ctx, guard) and not ctx.facts.within(stmt, guard):
         return Home(func=None, guard=guard, args=name, fallback=_outermost(ctx, stmt, None))
     return Home(func=None, anchor=_outermost(ctx, stmt, guard), args=name)
 
@@ -340,20 +340,11 @@ def _outermost(
         if parent is None or parent is stop or not isinstance(parent, cst.If):
             return current
         if any(
-            _is_training_call(c) and c.stmt is not None and _inside(ctx, c.stmt, parent)
+            _is_training_call(c) and c.stmt is not None and ctx.facts.within(c.stmt, parent)
             for c in ctx.facts.calls
         ):
             return current
         current = parent
-
-
-def _inside(ctx: FileContext, stmt: cst.BaseStatement, outer: cst.BaseStatement) -> bool:
-    current: cst.BaseStatement | None = stmt
-    while current is not None:
-        if current is outer:
-            return True
-        current = ctx.facts.parent_statement(current)
-    return False
 
 
 def _main_guard(ctx: FileContext) -> cst.If | None:
@@ -377,7 +368,9 @@ def _module_level_training(ctx: FileContext) -> bool:
 def _training_inside(ctx: FileContext, guard: cst.If) -> bool:
     """The module-level training code all sits inside the main guard."""
     calls = _module_level_calls(ctx)
-    return bool(calls) and all(c.stmt is not None and _inside(ctx, c.stmt, guard) for c in calls)
+    return bool(calls) and all(
+        c.stmt is not None and ctx.facts.within(c.stmt, guard) for c in calls
+    )
 
 
 # ------------------------------------------------------------------------ which communicator
@@ -646,7 +639,7 @@ def _scope(ctx: FileContext, entry: Entry) -> str:
     if guard is not None or (
         entry.anchor is not None
         and (main_guard := _main_guard(ctx)) is not None
-        and _inside(ctx, entry.anchor, main_guard)
+        and ctx.facts.within(entry.anchor, main_guard)
     ):
         return "the `if __name__ == '__main__':` block"
     return "the module"

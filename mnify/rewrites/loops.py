@@ -42,29 +42,13 @@ from mnify.rewrites import batch_sources
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import expression, statement
 from mnify.rewrites.registry import rewrite
-from mnify.syntax import dotted_name, target_names
+from mnify.syntax import calls_in, dotted_name, read_names, target_names
 
 _STEP = "hand-loop"
 _SEED = 0  # one seed for every array of a loop: their shuffles agree, so rows stay aligned
 CANNOT_SEE_COMM = "the training loop's data cannot see the communicator"
 _LOOPS = (cst.For, cst.While)
 _COUNTERS = ("range", "xrange", "permutation", "arange")
-
-
-def _names(node: cst.CSTNode) -> set[str]:
-    """Plain names read in ``node`` (not attribute names after a dot)."""
-    found: set[str] = set()
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            found.add(n.value)
-
-        def visit_Attribute(self, n: cst.Attribute) -> bool:
-            n.value.visit(self)
-            return False
-
-    node.visit(_Visitor())
-    return found
 
 
 def _bound_in(nodes: list[cst.CSTNode]) -> set[str]:
@@ -101,17 +85,6 @@ def _subscripts(node: cst.CSTNode) -> list[cst.Subscript]:
 
     class _Visitor(cst.CSTVisitor):
         def visit_Subscript(self, n: cst.Subscript) -> None:
-            found.append(n)
-
-    node.visit(_Visitor())
-    return found
-
-
-def _calls(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> None:
             found.append(n)
 
     node.visit(_Visitor())
@@ -166,7 +139,7 @@ def _is_iterator_fed(ctx: FileContext, root: cst.BaseStatement) -> bool:
         and (vocab.is_iterator(fact.qname) or fact.qname.endswith("Iterator"))
         for t in a.targets
     }
-    return bool(_names(root) & iterators) or any(
+    return bool(read_names(root) & iterators) or any(
         vocab.is_iterator(c.qname) for c in ctx.facts.calls if _inside(ctx, c.stmt, root)
     )
 
@@ -220,7 +193,7 @@ def _roots_of(steps: list[CallFact], ctx: FileContext) -> list[cst.BaseStatement
 
 def _indexed_by(sub: cst.Subscript, local: set[str]) -> bool:
     """The subscript's index mentions a name bound in the loop (a batch's positions)."""
-    return any(_names(e.slice) & local for e in sub.slice)
+    return any(read_names(e.slice) & local for e in sub.slice)
 
 
 def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
@@ -235,10 +208,10 @@ def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
     inner = loops[0] if loops else step.stmt
     local = _bound_in([root])
     # what the loss is computed from: the step's arguments, or what backward() was called on
-    needed = _names(step.node)
-    for call in _calls(inner):
+    needed = read_names(step.node)
+    for call in calls_in(inner):
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
-            needed |= _names(call.func.value)
+            needed |= read_names(call.func.value)
     path: list[cst.CSTNode] = [step.node]
     on_path = {id(step.node)}
     changed = True
@@ -256,18 +229,22 @@ def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
                     if targets & needed and id(small) not in on_path:
                         path.append(small)
                         on_path.add(id(small))
-                        needed |= _names(small)
+                        needed |= read_names(small)
                         changed = True
         for target, iterable in heads:
             if set(target_names(target)) & needed and id(iterable) not in on_path:
                 path.append(iterable)
                 on_path.add(id(iterable))
-                needed |= _names(iterable)
+                needed |= read_names(iterable)
                 changed = True
     # names used to index (perm, batch = indices[k:k + b]): what they are cut from is an
     # index list, not data; it follows the data's new length where it is made from it
     indexing = {
-        n for node in path for sub in _subscripts(node) for e in sub.slice for n in _names(e.slice)
+        n
+        for node in path
+        for sub in _subscripts(node)
+        for e in sub.slice
+        for n in read_names(e.slice)
     }
     index_lists = {
         sub.value.value
@@ -294,11 +271,11 @@ def _find(ctx: FileContext, step: CallFact) -> _Loop | None:
             ):
                 if value.attr.value not in loop.members:
                     loop.members.append(value.attr.value)
-        for call in _calls(node):
+        for call in calls_in(node):
             if dotted_name(call.func) in ("next", "iter") and call.args:
                 iterated.append(call.args[0].value)
             for given in batch_sources.source_data(ctx, call) or []:
-                if not (_names(given) & local):
+                if not (read_names(given) & local):
                     _add_array(loop, given)
             if (dotted_name(call.func) or "").endswith("array_split"):
                 loop.splits_batches = True
@@ -346,11 +323,11 @@ def _batch_sources(
             if not isinstance(source, cst.Call):
                 continue
             for given in batch_sources.source_data(ctx, source) or []:
-                if not (_names(given) & local):
+                if not (read_names(given) & local):
                     _add_array(loop, given)
             cut = batch_sources.split_data(source)
             positions = target is not None and bool(set(target_names(target)) & indexing)
-            if cut is not None and not positions and not (_names(cut) & local):
+            if cut is not None and not positions and not (read_names(cut) & local):
                 if not (isinstance(cut, cst.Name) and _index_order(ctx, loop, cut.value)):
                     _add_array(loop, cut)
                     loop.splits_batches = True
@@ -392,7 +369,7 @@ def _on_chain(
 def _counts(loop: _Loop, nodes: list[cst.CSTNode], local: set[str]) -> None:
     """The example counts the training loops run over: ``N`` of ``range(0, N, b)`` and of
     ``permutation(N)`` (names bound outside the loop, or integer literals)."""
-    for call in [c for n in nodes for c in _calls(n)]:
+    for call in [c for n in nodes for c in calls_in(n)]:
         name = dotted_name(call.func) or ""
         last = name.rsplit(".", 1)[-1]
         if last not in _COUNTERS:
