@@ -196,6 +196,31 @@ class ProjectEffects:
                     return returned
         return None
 
+    def reached_from(self, roots: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The functions of the converted files that the ``(path, key)`` roots call, through
+        any number of calls (the roots included), as ``(absolute path, key)``: the training
+        flow, when the roots are the entry points. A nested function counts as part of the
+        function or method around it; a class called counts its ``__init__``."""
+        seen: set[tuple[str, str]] = set()
+        todo: list[tuple[Summary, str]] = []
+        for path, key in roots:
+            summary = self._by_path.get(self._given.get(path, os.path.abspath(path)))
+            if summary is not None and key in summary["functions"]:
+                todo.append((summary, key))
+        while todo:
+            summary, key = todo.pop()
+            where = self._paths.get(summary["module"], "")
+            if (where, key) in seen or where not in self._by_path:
+                continue
+            seen.add((where, key))
+            for site in summary["functions"][key]["sites"]:
+                target = self._ref_target(summary, site[2]) if site[2] else None
+                if target is not None and target[0] == "class":
+                    target = self._method(target[1], target[2], "__init__", 0)
+                if target is not None and target[0] == "func":
+                    todo.append((target[1], str(target[2])))
+        return seen
+
     @property
     def modules_read(self) -> list[str]:
         """The modules read from disk (not converted), by name, in the order first reached."""

@@ -32,6 +32,7 @@ from mnify.rewrites.edits import Guard, expression
 from mnify.rewrites.file_handles import HandleFamily, families
 from mnify.rewrites.registry import rewrite
 from mnify.rewrites.report import ReportEntry
+from mnify.rewrites.wrapping import wrap_call
 from mnify.syntax import argument_node, assigned_in, log_name_by_rank, mentions_rank, names_in
 
 RANK0 = Guard("rank0")
@@ -154,7 +155,7 @@ def _log_read_after(ctx: FileContext, call: CallFact) -> bool:
             name = other.node.args[0].value
             if isinstance(name, cst.SimpleString) and name.evaluated_value == "LogReport":
                 return True
-        if _package_extension(ctx, other):
+        if _package_extension(ctx, other) is not None:
             return True
     ext = call.node.args[0].value
     if isinstance(ext, cst.Name):
@@ -169,17 +170,51 @@ def _log_read_after(ctx: FileContext, call: CallFact) -> bool:
     return False
 
 
-def _package_extension(ctx: FileContext, call: CallFact) -> bool:
-    """``trainer.extend(Ext(...))`` with ``Ext`` an installed package's (not Chainer's): it may
-    read the LogReport on every rank (chainer-chemistry's AutoPrintReport does), so that one
-    stays on every rank (program/effects.py says where ``Ext`` is defined)."""
+def _package_extension(ctx: FileContext, call: CallFact) -> CallFact | None:
+    """The ``Ext(...)`` of ``trainer.extend(Ext(...))`` with ``Ext`` an installed package's (not
+    Chainer's), seen through ``mn.quiet_on_other_ranks``: it may read the LogReport on every
+    rank (chainer-chemistry's AutoPrintReport does), so that one stays on every rank
+    (program/effects.py says where ``Ext`` is defined)."""
     if call.method != "extend" or not call.node.args or ctx.effects is None:
-        return False
+        return None
     made = ctx.facts.call_of(call.node.args[0].value)
+    if made is not None and vocab.is_runtime_name(made.qname, "quiet_on_other_ranks"):
+        made = ctx.facts.call_of(made.node.args[0].value) if made.node.args else None
     name = ctx.called_by(made) if made is not None else None
     if made is None or name is None or vocab.is_chainer_name(made.qname):
-        return False
-    return ctx.effects.resolves_outside(ctx.path, ctx.line(made.node), name) is not None
+        return None
+    if ctx.effects.resolves_outside(ctx.path, ctx.line(made.node), name) is None:
+        return None
+    return made
+
+
+def _quiet_package_extensions(ctx: FileContext) -> None:
+    """An installed package's extension stays on every rank (it may change what every rank
+    shares, and nothing here reads what it does: docs/converter.md), printing on rank 0 only:
+    ``trainer.extend(mn.quiet_on_other_ranks(Ext(...), comm))``."""
+    if ctx.options.target != "mnify":
+        return
+    wrap = ctx.spell.top("quiet_on_other_ranks")
+    for call in ctx.facts.calls:
+        stmt = call.stmt
+        made = _package_extension(ctx, call)
+        if made is None or stmt is None or made.node is not call.node.args[0].value:
+            continue  # not one, or wrapped before
+        if ctx.on_rank0_already(stmt) or ctx.plan.is_guarded(stmt):
+            continue
+        comm = ctx.comm_at(call.func, "extension")
+        if comm is None:
+            continue  # registered where the communicator is not: it prints on every rank
+        ctx.use_runtime()
+        ctx.plan.replace_node(made.node, wrap_call(wrap, comm), stmt)
+        ctx.note(
+            stmt,
+            "rank0-guard",
+            "changed",
+            f"{vocab.last(made.qname)} (an installed package's extension) stays on every rank "
+            f"and prints on rank 0 only: {wrap}(..., {comm})",
+            "MN401",
+        )
 
 
 def _log_name_on_rank0(comm: str) -> Callable[[cst.CSTNode], cst.CSTNode]:
@@ -558,6 +593,43 @@ def _plan_effect_writes(ctx: FileContext) -> None:
         )
 
 
+def file_writing_statement(
+    ctx: FileContext, call: CallFact, *, through_converted: bool = True
+) -> str | None:
+    """What the statement holding ``call`` writes, when that statement does nothing but write
+    files (not print, not register an extension) and nothing every rank must do: a writer
+    called there (``with open(p, 'w') as f: json.dump(d, f)``, ``np.save(...)``), or one call of
+    a function that writes through whatever it calls and returns nothing used (one of the
+    converted files' own only with ``through_converted``). For guarding in place where the
+    communicator is fetched (``rewrites.trainers``)."""
+    stmt = call.stmt
+    if stmt is None or call.method == "extend":
+        return None
+    what = _writer_name(ctx, call)
+    if what is not None:
+        if what == "print" or _code_of(what) != "MN402":
+            return None
+        found = _guardable(ctx, stmt)
+        return what if found and "print" not in found else None
+    effects = ctx.call_effects(call)
+    writes = effects.get("writes")
+    if (
+        writes is None
+        or any(kind in effects for kind in _EVERY_RANKS_EFFECTS)
+        or not call_sites.alone_on_its_line(stmt, call.node)
+        or _passes_a_trainer(ctx, call)
+    ):
+        return None
+    name = ctx.called_by(call)
+    if not through_converted and (
+        ctx.effects is None
+        or name is None
+        or ctx.effects.resolves_outside(ctx.path, ctx.line(call.node), name) is None
+    ):
+        return None
+    return f"{name}(): {writes.describe()}"
+
+
 def _passes_a_trainer(ctx: FileContext, call: CallFact) -> bool:
     """``add_extensions(trainer, ...)``: an argument is a name the file binds to a Trainer."""
     trainers = set()
@@ -765,4 +837,5 @@ def plan(ctx: FileContext) -> None:
                 "have every rank save its own file (a per-rank name, e.g. with comm.rank in it) "
                 "or use mn.create_multi_node_checkpointer",
             )
+    _quiet_package_extensions(ctx)
     _plan_effect_writes(ctx)

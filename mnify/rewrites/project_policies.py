@@ -180,10 +180,11 @@ def _distribute_at_run_time(
     quiet: set[str] = set()
     if not outside:
         waiting: set[tuple[str, str]] = set()
+        flow = trainers.training_flow(hosts)
         for ctx in contexts.values():
             entry_func = ctx.entry.func if ctx.entry is not None else None
             quiet |= trainers.plan_helpers(
-                contexts, ctx, entry_func if id(ctx) in host_ids else None, waiting
+                contexts, ctx, entry_func if id(ctx) in host_ids else None, waiting, flow
             )
         # a helper that now waits at a barrier is called by every rank
         guards.withdraw_effect_plans(contexts.values(), waiting)

@@ -27,7 +27,7 @@ from functools import partial
 import libcst as cst
 
 from mnify import vocabulary as vocab
-from mnify.rewrites import call_sites
+from mnify.rewrites import call_sites, guards
 from mnify.rewrites.context import FileContext
 from mnify.rewrites.edits import Guard, statement
 from mnify.rewrites.report import ReportEntry
@@ -45,8 +45,9 @@ COVERS = (
 )
 DOES_NOT_COVER = (
     "not covered: training without a Trainer (a hand-written loop inside the helper), "
-    "iterators of other classes and extensions that are not Chainer's (rank 0 prints them as "
-    "needing a person), and files the helper writes outside extensions; run it once with "
+    "iterators of other classes (rank 0 prints them as needing a person), and files the "
+    "helper writes outside extensions (the write net names them at exit); extensions that are "
+    "not Chainer's stay on every rank and print on rank 0 only; run it once with "
     "`mnify run -n 2` and read rank 0's distribute_trainers lines"
 )
 
@@ -213,18 +214,23 @@ def plan_helpers(
     ctx: FileContext,
     entry_func: cst.FunctionDef | None,
     collective_helpers: set[tuple[str, str]] | None = None,
+    flow: set[tuple[str, str]] | None = None,
 ) -> set[str]:
     """What rank 0 alone must do in this file's helpers, which keep their signatures and take
     the communicator with ``comm = mn.current_communicator()`` as their first statement: build
     first-use caches (every rank waits, then reads), and call the project's writing extensions
     and helpers. Returns the helpers whose every print now runs on rank 0 only; adds to
-    ``collective_helpers`` (absolute file, name) the helpers that now wait at a barrier."""
+    ``collective_helpers`` (absolute file, name) the helpers that now wait at a barrier.
+    ``flow`` (:func:`training_flow`) holds the functions whose file writes are put on rank 0
+    where they are."""
     fetched: dict[int, cst.FunctionDef] = {}
     _plan_caches(ctx, entry_func, fetched)
     if collective_helpers is not None:
         where = os.path.abspath(ctx.path)
         collective_helpers.update((where, func.name.value) for func in fetched.values())
     _plan_rank0_calls(contexts, ctx, entry_func, fetched)
+    if flow:
+        _plan_rank0_writes(ctx, entry_func, fetched, flow)
     for func in fetched.values():
         _fetch_at_top(ctx, func)
     return _printing_only_on_rank0(ctx)
@@ -297,6 +303,81 @@ def _plan_rank0_calls(
             f"{helper.name.value}(), which takes the communicator with "
             "mn.current_communicator()",
             CODE,
+            claim=("guarded", stmt),
+        )
+
+
+def training_flow(hosts: list[FileContext]) -> set[tuple[str, str]]:
+    """The functions and methods of the converted files that the entry points call, through any
+    number of calls, as ``(absolute path, key)`` (``program.effects``'s keys: ``"persist"``,
+    ``"Pipeline.persist"``). Only their code is sure to run after the communicator exists."""
+    roots = [
+        (ctx.path, ctx.entry.func.name.value if ctx.entry.func is not None else "<module>")
+        for ctx in hosts
+        if ctx.entry is not None
+    ]
+    effects = next((ctx.effects for ctx in hosts if ctx.effects is not None), None)
+    return effects.reached_from(roots) if effects is not None else set()
+
+
+def _flow_key(ctx: FileContext, func: cst.FunctionDef) -> str | None:
+    """``program.effects``'s key of the top-level function or method holding ``func``."""
+    scope = ctx.outermost_scope(func)
+    if isinstance(scope, cst.FunctionDef):
+        return scope.name.value
+    if isinstance(scope, cst.ClassDef):
+        method: object = func
+        while isinstance(method, cst.FunctionDef):
+            if ctx.facts.func_class.get(id(method)) is scope:
+                return f"{scope.name.value}.{method.name.value}"
+            method = ctx.facts.func_parent.get(id(method))
+    return None
+
+
+def _plan_rank0_writes(
+    ctx: FileContext,
+    entry_func: cst.FunctionDef | None,
+    fetched: dict[int, cst.FunctionDef],
+    flow: set[tuple[str, str]],
+) -> None:
+    """A statement of a helper or method of the training flow that only writes files (``with
+    open(path, 'w') as f: json.dump(vocab, f)`` in a pipeline's ``persist()``, a call of a
+    package's function that writes through whatever it calls): rank 0's, where it is, with the
+    communicator from ``mn.current_communicator()``; no signature changes, and nothing every
+    rank must join is guarded (``guards.file_writing_statement``). Code the entry points never
+    reach (a data-preparation script's helpers) may run where no communicator exists: left."""
+    where = os.path.abspath(ctx.path)
+    for call in ctx.facts.calls:
+        stmt, func = call.stmt, call.func
+        if stmt is None or func is None or ctx.visible(func):
+            continue
+        if entry_func is not None and ctx.outermost_scope(func) is entry_func:
+            continue
+        if (where, _flow_key(ctx, func) or "") not in flow:
+            continue
+        # a function of the converted files has its own writes guarded where they are
+        what = guards.file_writing_statement(ctx, call, through_converted=False)
+        if what is None:
+            continue
+        if (
+            ctx.on_rank0_already(stmt)
+            or ctx.under_rank0_guard(stmt)
+            or ctx.reaches_collective(stmt)
+            or ctx.suppressed(stmt, STEP)
+            or ctx.suppressed(stmt, "rank0-guard", "MN402")
+            or ("comm" in names_in([func]) and id(func) not in fetched)
+        ):
+            continue
+        fetched[id(func)] = func
+        ctx.report.drop(partial(_guard_note_on_line, line=ctx.line(stmt)))
+        ctx.plan.guard_stmt(stmt, Guard("rank0"))
+        ctx.note(
+            stmt,
+            STEP,
+            "changed",
+            f"writes a file ({what}): rank 0 only, in {func.name.value}(), which takes the "
+            "communicator with mn.current_communicator()",
+            "MN402",
             claim=("guarded", stmt),
         )
 

@@ -31,6 +31,7 @@ _NAMES: dict[str, str] = {
     "GenericMultiNodeEvaluator": "extensions",
     "LinearWarmup": "extensions",
     "distribute_extensions": "extensions",
+    "quiet_on_other_ranks": "extensions",
     "distribute_trainers": "trainers",
     "distribute_trainer": "trainers",
     "rank0_log_files": "log_config",

@@ -21,8 +21,10 @@ before):
   without it (no example counts twice). A dataset that is already a share is left as it is;
 * iterators of any other class cannot be rebuilt: they are reported as needing a person;
 * the extensions are distributed as :func:`mnify.runtime.distribute_extensions` does: evaluators
-  multi-node, extensions that write or print on rank 0 only. An extension of a class that is not
-  Chainer's runs on every rank as before and is reported (it may write files).
+  multi-node, extensions that write or print on rank 0 only. An extension that is not Chainer's
+  (the library's own ``AutoPrintReport``) runs on every rank, as it may change what training
+  shares, but prints on rank 0 only (:mod:`mnify.runtime.extensions.quiet`); a file it writes
+  on another rank is named at exit by the write net (docs/write_net.md).
 
 Rank 0 prints what it did, once per trainer, and at exit says so if no Trainer ran at all (a
 hand-written loop is not reached). A trainer converted before, and a multi-node optimizer, are
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +45,7 @@ from chainer.training import extensions as chainer_extensions
 
 from mnify.runtime.datasets.scatter_dataset import is_share, scatter_dataset
 from mnify.runtime.extensions.distribute import RANK0_ONLY, distribute_extensions
+from mnify.runtime.extensions.quiet import is_python_class, quiet_on_this_rank
 from mnify.runtime.optimizers import _WrapperBase, create_multi_node_optimizer
 
 if TYPE_CHECKING:
@@ -60,6 +64,7 @@ class TrainerReport:
     iterators: list[str] = field(default_factory=list)  # rebuilt over this rank's share
     evaluators: list[str] = field(default_factory=list)
     rank0_only: list[str] = field(default_factory=list)
+    quiet: list[str] = field(default_factory=list)  # on every rank, printing on rank 0 only
     left: list[str] = field(default_factory=list)  # already distributed, left as they are
     needs_person: list[str] = field(default_factory=list)
 
@@ -70,6 +75,7 @@ class TrainerReport:
             ("iterators over this rank's share", self.iterators),
             ("multi-node evaluators", self.evaluators),
             ("on rank 0 only", self.rank0_only),
+            ("on every rank, printing on rank 0 only", self.quiet),
             ("already distributed, left as they are", self.left),
             ("NEEDS A PERSON", self.needs_person),
         ):
@@ -225,10 +231,34 @@ def _describe_extensions(trainer: Any, comm: CommunicatorBase, report: TrainerRe
         elif isinstance(extension, RANK0_ONLY):
             report.rank0_only.append(f"{name!r} ({kind})")
         elif not _is_chainers(extension):
+            report.quiet.append(f"{name!r} ({kind}: not Chainer's)")
+
+
+def _quiet_other_ranks(trainer: Any, comm: CommunicatorBase, report: TrainerReport) -> None:
+    """On ranks other than 0, the extensions that are not Chainer's print nothing (see the
+    module docs). One that cannot be silenced is said on rank 0 as needing a person (every rank
+    gets the same answer: it depends on the class only)."""
+    for name, entry in trainer._extensions.items():
+        extension = entry.extension
+        if isinstance(extension, chainer_extensions.Evaluator) or _is_chainers(extension):
+            continue
+        quiet = quiet_on_this_rank(extension) if comm.rank != 0 else extension
+        if quiet is None or (comm.rank == 0 and not _can_be_silenced(extension)):
+            label = f"{name!r} ({type(extension).__name__}: not Chainer's)"
+            if label in report.quiet:
+                report.quiet.remove(label)
             report.needs_person.append(
-                f"extension {name!r} ({kind}) is not Chainer's: it runs on every rank as before; "
-                "if it writes files or prints, register it on rank 0 only"
+                f"extension {label} cannot be silenced on the other ranks: it prints on every "
+                "rank; if it only reports, register it on rank 0 only"
             )
+        elif quiet is not extension:
+            entry.extension = quiet
+
+
+def _can_be_silenced(extension: Any) -> bool:
+    """Whether :func:`quiet_on_this_rank` can silence an extension like this one (asked on
+    rank 0, which keeps its own unchanged)."""
+    return isinstance(extension, types.FunctionType) or is_python_class(type(extension))
 
 
 def distribute_trainer(trainer: Any, comm: CommunicatorBase) -> TrainerReport | None:
@@ -242,6 +272,7 @@ def distribute_trainer(trainer: Any, comm: CommunicatorBase) -> TrainerReport | 
     _distribute_iterators(trainer, comm, report)
     _describe_extensions(trainer, comm, report)
     distribute_extensions(trainer, comm)
+    _quiet_other_ranks(trainer, comm, report)
     global _converted
     _converted += 1
     if comm.rank == 0:

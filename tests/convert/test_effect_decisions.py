@@ -257,10 +257,19 @@ def test_a_log_report_a_package_extension_may_read_stays_on_every_rank(library: 
         "    trainer.extend(EpochPrinter())\n"
         "    trainer.run()\n",
     )
-    body = _body(_convert({"s/train.py": train})["s/train.py"].output)
+    converted = _convert({"s/train.py": train})["s/train.py"]
+    body = _body(converted.output)
     assert (
         "trainer.extend(extensions.LogReport(log_name='log' if comm.rank == 0 else None))" in body
     )
+    # the package's extension stays on every rank (it may change what every rank shares) and
+    # prints on rank 0 only
+    assert "trainer.extend(mn.quiet_on_other_ranks(EpochPrinter(), comm))" in body
+    said = [e.message for e in converted.entries if "EpochPrinter" in e.message]
+    assert said and "prints on rank 0 only" in said[0], said
+    # converting the output again changes nothing
+    again = _convert({"s/train.py": converted.output or ""})["s/train.py"]
+    assert again.output == converted.output
 
 
 def test_an_empty_tree_is_an_error(tmp_path: Path) -> None:

@@ -150,7 +150,7 @@ def test_conversion_adds_distribute_trainers_and_builds_the_cache_on_rank_0(
     body = [ast.unparse(s) for s in main.body]
     creation = next(i for i, s in enumerate(body) if s.startswith("comm = mn.create_communicator"))
     assert body[creation + 1] == "mn.distribute_trainers(comm)"
-    assert "run_train(model, train, valid, args.batchsize, args.epoch, args.out)" in body
+    assert "Experiment(args.batchsize, args.epoch).fit(model, train, valid, args.out)" in body
 
     load = next(
         n
@@ -164,6 +164,24 @@ def test_conversion_adds_distribute_trainers_and_builds_the_cache_on_rank_0(
     assert ast.unparse(guard.test) == "comm.rank == 0" and not guard.orelse
     assert [ast.unparse(s.test) for s in guard.body] == ["not os.path.exists(path)"]
     assert ast.unparse(statements[at + 1]) == "comm.barrier()"
+    # a method of the training flow that records the settings: its directory is made by
+    # rank 0 while the others wait, its file written by rank 0 only, where they are
+    pipeline = ast.parse((out / "mylib" / "pipeline.py").read_text(encoding="utf-8"))
+    experiment = next(n for n in pipeline.body if isinstance(n, ast.ClassDef))
+    record = next(
+        n for n in experiment.body if isinstance(n, ast.FunctionDef) and n.name == "record_settings"
+    )
+    lines = [ast.unparse(s) for s in record.body]
+    assert lines[0] == "comm = mn.current_communicator()", lines
+    assert lines[1].startswith("if comm.rank == 0:\n    if not os.path.isdir(out):"), lines
+    assert lines[2] == "comm.barrier()", lines
+    assert lines[4].startswith("if comm.rank == 0:\n    with open(os.path.join(out, 'settings.json')")
+    # what the entry point never reaches may run where no communicator exists: left as it is
+    export = next(n for n in pipeline.body if isinstance(n, ast.FunctionDef))
+    original = ast.parse((TREE / "mylib" / "pipeline.py").read_text(encoding="utf-8"))
+    assert ast.unparse(export) == ast.unparse(
+        next(n for n in original.body if isinstance(n, ast.FunctionDef))
+    )
     # the training helper itself is unchanged: the runtime converts its Trainer
     training = TREE / "mylib" / "training.py"
     assert (out / "mylib" / "training.py").read_text() == training.read_text()
@@ -209,9 +227,12 @@ def test_library_helper_trains_on_ranks_like_one_process_at_the_combined_batch(
 
     for r in range(1, ranks):
         assert _files_under(tmp_path / f"rank{r}") == [], f"rank {r} wrote files"
-    assert {"result/log", f"result/{SAVED}", f"result/model_epoch_{EPOCHS}"} <= set(
-        _files_under(tmp_path / "rank0")
-    )
+    assert {
+        "result/log",
+        f"result/{SAVED}",
+        f"result/model_epoch_{EPOCHS}",
+        "result/settings.json",
+    } <= set(_files_under(tmp_path / "rank0"))
     built = [
         line for r in range(ranks) for line in run.rank_lines(r) if "mylib: building cache" in line
     ]

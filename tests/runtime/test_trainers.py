@@ -16,6 +16,7 @@ CHECKS = [
     "library helper: whole-set evaluation, rank 1 writes nothing, nothing for a person",
     "an iterator of a project's own class is reported as needing a person",
     "idempotent: converted trainers, shares and multi-node optimizers are left",
+    "a library's own extensions run on every rank and print on rank 0 only",
 ]
 
 
@@ -24,9 +25,14 @@ CHECKS = [
 def test_distribute_trainers(n_ranks: int) -> None:
     run = run_script(n_ranks, "trainer_checks.py", CHECKS)
     summaries = [line for line in run.rank_lines(0) if "distribute_trainers:" in line]
-    assert len(summaries) == 4, summaries  # one per trainer that ran, on rank 0
+    assert len(summaries) == 5, summaries  # one per trainer that ran, on rank 0
     for rank in range(1, n_ranks):
         assert not [line for line in run.rank_lines(rank) if line.startswith("mnify:")]
+    for rank in range(n_ranks):
+        lines = run.rank_lines(rank)
+        printed = [line for line in lines if line.startswith(("table-", "fd-line"))]
+        assert len(printed) == (6 if rank == 0 else 0), (rank, printed)
+        assert "after the trainer: every rank prints again" in lines, (rank, lines[-5:])
 
 
 @pytest.mark.mpi
@@ -82,3 +88,38 @@ def test_nothing_is_installed_until_distribute_trainers_is_called() -> None:
 
     assert mn.distribute_trainers is trainers.distribute_trainers
     assert not hasattr(chainer.training.Trainer.run, trainers._WRAPPED)
+
+
+@pytest.mark.mpi
+def test_quiet_on_other_ranks_as_the_converter_writes_it() -> None:
+    """``trainer.extend(mn.quiet_on_other_ranks(Ext(), comm))`` without distribute_trainers:
+    the extension runs on every rank (its counter moves everywhere) and prints on rank 0."""
+    script = (
+        "import sys, chainer, numpy as np\n"
+        "from chainer import training\n"
+        "from mnify import runtime as mn\n"
+        "comm = mn.create_communicator('naive')\n"
+        "class Report(training.Extension):\n"
+        "    trigger = (1, 'iteration')\n"
+        "    def __init__(self, out=sys.stdout):\n"
+        "        self.out, self.calls = out, 0\n"
+        "    def __call__(self, trainer):\n"
+        "        self.calls += 1\n"
+        "        self.out.write(f'report-line {self.calls}\\n')\n"
+        "model = chainer.links.Linear(2, 1)\n"
+        "opt = chainer.optimizers.SGD()\n"
+        "opt.setup(model)\n"
+        "it = chainer.iterators.SerialIterator([(np.ones(2, np.float32),)] * 4, 2)\n"
+        "upd = training.updaters.StandardUpdater(it, opt, loss_func=lambda x: chainer.functions.sum(model(x)))\n"
+        "trainer = training.Trainer(upd, (3, 'iteration'), out='/tmp')\n"
+        "report = Report()\n"
+        "trainer.extend(mn.quiet_on_other_ranks(report, comm))\n"
+        "trainer.run()\n"
+        "print('calls', report.calls, isinstance(report, Report), flush=True)\n"
+    )
+    run = run_ranks(2, script, timeout=120)
+    for rank in range(2):
+        lines = run.rank_lines(rank)
+        printed = [line for line in lines if line.startswith("report-line")]
+        assert len(printed) == (3 if rank == 0 else 0), (rank, run.describe())
+        assert "calls 3 True" in lines, run.describe()

@@ -17,6 +17,7 @@ from mnify.runtime.extensions.global_snapshot import (
 )
 from mnify.runtime.extensions.grow_batch import GrowBatch
 from mnify.runtime.extensions.multi_node_evaluator import create_multi_node_evaluator
+from mnify.runtime.extensions.quiet import quiet_on_other_ranks
 from mnify.runtime.extensions.warmup import LinearWarmup
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "distribute_extensions",
     "global_snapshot",
     "load_global_snapshot",
+    "quiet_on_other_ranks",
 ]

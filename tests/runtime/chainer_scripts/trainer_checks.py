@@ -11,6 +11,7 @@ must agree to float64 rounding after every epoch's update.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -212,5 +213,49 @@ def check_reports_and_idempotence() -> None:
     passed("idempotent: converted trainers, shares and multi-node optimizers are left", comm)
 
 
+class TablePrinter(chainer.training.Extension):  # type: ignore[misc]
+    """A library's own reporting extension, as chainer-chemistry's AutoPrintReport is written:
+    it keeps the stream it was given, prints a line per epoch, and on the way halves the
+    learning rate (state every rank must share, so it cannot simply be dropped elsewhere)."""
+
+    trigger = (1, "epoch")
+
+    def __init__(self, out: Any = sys.stdout) -> None:
+        self._out = out
+
+    def __call__(self, trainer: Any) -> None:
+        optimizer = trainer.updater.get_optimizer("main")
+        optimizer.lr /= 2
+        self._out.write(f"table-line epoch {trainer.updater.epoch} lr {optimizer.lr}\n")
+        print(f"table-print epoch {trainer.updater.epoch}")
+
+
+@chainer.training.make_extension(trigger=(1, "epoch"))
+def print_epoch(trainer: Any) -> None:
+    """A library's function extension that prints, straight to the file descriptor too."""
+    os.write(1, f"fd-line epoch {trainer.updater.epoch}\n".encode())
+
+
+def check_library_extensions() -> None:
+    model = make_model(seed=0)
+    optimizer = chainer.optimizers.SGD(lr=0.8)
+    optimizer.setup(model)
+    it = chainer.iterators.SerialIterator(make_data(N_TRAIN, 1), BATCH)
+    trainer = trainer_over(it, model, optimizer)
+    trainer.stop_trigger = training.triggers.IntervalTrigger(2, "epoch")
+    trainer.extend(TablePrinter())
+    trainer.extend(print_epoch)
+    trainer.run()
+    lrs = comm.allgather_obj(trainer.updater.get_optimizer("main").lr)
+    assert lrs == [0.2] * size, lrs  # halved twice on every rank
+    assert isinstance(trainer.get_extension("TablePrinter"), TablePrinter)
+    report = mn.trainers.trainer_report(trainer)
+    assert report is not None and report.needs_person == [], report
+    assert [q.split(" ")[0] for q in report.quiet] == ["'TablePrinter'", "'print_epoch'"], report
+    print("after the trainer: every rank prints again", flush=True)
+    passed("a library's own extensions run on every rank and print on rank 0 only", comm)
+
+
 check_library_helper()
 check_reports_and_idempotence()
+check_library_extensions()
