@@ -175,7 +175,9 @@ def test_conversion_adds_distribute_trainers_and_builds_the_cache_on_rank_0(
     assert lines[0] == "comm = mn.current_communicator()", lines
     assert lines[1].startswith("if comm.rank == 0:\n    if not os.path.isdir(out):"), lines
     assert lines[2] == "comm.barrier()", lines
-    assert lines[4].startswith("if comm.rank == 0:\n    with open(os.path.join(out, 'settings.json')")
+    assert lines[4].startswith(
+        "if comm.rank == 0:\n    with open(os.path.join(out, 'settings.json')"
+    )
     # what the entry point never reaches may run where no communicator exists: left as it is
     export = next(n for n in pipeline.body if isinstance(n, ast.FunctionDef))
     original = ast.parse((TREE / "mylib" / "pipeline.py").read_text(encoding="utf-8"))

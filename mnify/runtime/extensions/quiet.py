@@ -47,8 +47,9 @@ def silenced() -> Iterator[None]:
                 with contextlib.suppress(OSError):
                     saved[fd] = os.dup(fd)
                     os.dup2(null.fileno(), fd)
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(
-                io.StringIO()
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
             ):
                 yield
         finally:
