@@ -200,6 +200,8 @@ def _quiet_package_extensions(ctx: FileContext) -> None:
         made = _package_extension(ctx, call)
         if made is None or stmt is None or made.node is not call.node.args[0].value:
             continue  # not one, or wrapped before
+        if vocab.is_evaluator_class(made.qname) or id(made.node) in ctx.plan.replace:
+            continue  # an evaluator: made multi-node by the evaluator step
         if ctx.on_rank0_already(stmt) or ctx.plan.is_guarded(stmt):
             continue
         comm = ctx.comm_at(call.func, "extension")

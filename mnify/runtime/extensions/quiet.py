@@ -6,8 +6,8 @@ the other ranks, as Chainer's ``PrintReport`` is dropped, is right only when it 
 report, and nothing at run time can tell that of a class it has not seen: it may also change a
 learning rate or a model every rank must share. So the extension runs on every rank, and on the
 ranks other than 0 what it writes to standard output and standard error while it runs goes
-nowhere: the training is unchanged and its table is printed once (docs/runtime.md,
-"distribute_trainers"). The file descriptors are redirected too, since such an extension often
+nowhere: the training is unchanged and its table is printed once (docs/multinode.md,
+"Training inside a library helper"). The file descriptors are redirected too, since such an extension often
 keeps the stream it was given at construction (``out=sys.stdout``), which no
 ``contextlib.redirect_stdout`` reaches.
 """
