@@ -14,6 +14,19 @@ and every rank gets its result, ``comm.bcast_obj(...)``; a method of the user's 
 writes is guarded where it is called (``helper_writes``). Whatever reaches a collective stays on
 every rank; so do extensions that change training state (ExponentialShift, evaluators) and
 loads (``load_npz(args.resume, trainer)``). Prints that name the rank are meant for every rank.
+
+An installed package's extension (chainer-chemistry's ``AutoPrintReport``) is neither guarded
+nor left as it is: nothing here reads what it does, and it may change what every rank shares,
+so it stays on every rank and prints on rank 0 only, ``trainer.extend(mn.quiet_on_other_ranks(
+AutoPrintReport(), comm))`` (a LogReport it may read stays on every rank with its file on rank
+0's). Evaluators are the evaluator step's.
+
+Where the training runs through ``mn.distribute_trainers`` (MN813), the helpers and methods the
+entry points reach, in any file, take the communicator with ``comm = mn.current_communicator()``
+and have each statement that only writes files (``with open(path, 'w') as f: json.dump(...)`` in
+a pipeline's ``persist()``, a package's writer called alone) put on rank 0 where it is
+(``rewrites.trainers``). Code the entry points never reach (a data-preparation script's
+helpers) may run where no communicator exists and is left as it is.
 """
 
 from __future__ import annotations
