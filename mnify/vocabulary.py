@@ -111,6 +111,9 @@ DEVICE_GETTERS = frozenset(
         "chainer.cuda.cupy.cuda.Device",
     }
 )
+# The device getters that take any Chainer device specifier (``'@cupy:0'``, ``'@numpy'``, ``-1``);
+# the others take a GPU id only.
+SPEC_DEVICE_GETTERS = frozenset({"chainer.get_device", "chainer.backend.get_device"})
 # Calls that select the current device by themselves.
 DEVICE_SETTERS = frozenset(
     {
@@ -383,6 +386,18 @@ def is_optimizer(qname: str) -> bool:
         and name not in _NOT_OPTIMIZERS
         and qname.count(".") <= 3
     )
+
+
+# Chainer's base classes of optimizers: a class deriving from one (``class Eve(GradientMethod)``)
+# is an optimizer, though neither is one to build
+OPTIMIZER_BASES = frozenset(
+    {
+        "chainer.Optimizer",
+        "chainer.GradientMethod",
+        "chainer.optimizer.Optimizer",
+        "chainer.optimizer.GradientMethod",
+    }
+)
 
 
 ITERATOR_NAMES = frozenset(

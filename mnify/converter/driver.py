@@ -61,12 +61,12 @@ def convert_sources(
     trees = _syntax_trees(sources)
     effects = ProjectEffects(trees)
     results = _convert_project(sources, options, progress, frozenset(), trees, effects)
-    new = reconcile.lint_output(results, options)
+    new = reconcile.lint_output(results, options, effects)
     if new:
         outputs = {p: r.output for p, r in results.items() if r.output is not None}
         callees = frozenset(project_collectives(outputs))
         results = _convert_project(sources, options, None, callees, trees, effects)
-        new = reconcile.lint_output(results, options)
+        new = reconcile.lint_output(results, options, effects)
     for path, finding in new.items():
         result = results[path]
         result.error = f"internal: {finding.line}: {finding.message} (MN301, not in the input)"
@@ -107,7 +107,7 @@ def _convert_project(
     for path, result in results.items():
         module = _parse(result)
         if module is not None:
-            ctx = _analyse(result, module, options, collective_callees)
+            ctx = _analyse(result, module, options, collective_callees, effects)
             if ctx is not None:
                 contexts[path] = ctx
     for ctx in contexts.values():
@@ -172,13 +172,14 @@ def _analyse(
     module: cst.Module,
     options: ConvertOptions,
     collective_callees: frozenset[str],
+    effects: ProjectEffects,
 ) -> FileContext | None:
     """Resolve names once and build the file's program in one walk (its facts, and the fixable
     hazards' findings that ``_detect`` reads); None (the file is handed back as it is)
     for a file that is distributed already, unless the options say to convert it anyway."""
     path, source = result.path, result.source
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    program = reconcile.walk_input(wrapper, path, options)
+    program = reconcile.walk_input(wrapper, path, options, effects)
     ctx = FileContext(path, module_name(path), source, program, options)
     ctx.collective_callees = collective_callees
     why = distributed.reason(ctx) if options.leave_distributed else None

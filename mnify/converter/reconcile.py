@@ -27,6 +27,7 @@ from mnify.lint.runner import (
     parse_project,
     project_collectives,
 )
+from mnify.program.effects import ProjectEffects
 from mnify.program.project import ProjectUses
 from mnify.program.walk import FileProgram, walk_program
 from mnify.rewrites import loops
@@ -47,12 +48,22 @@ def _assumed(options: ConvertOptions) -> str:
     return "data" if options.data_parallel else "model"
 
 
-def walk_input(wrapper: MetadataWrapper, path: str, options: ConvertOptions) -> FileProgram:
+def walk_input(
+    wrapper: MetadataWrapper,
+    path: str,
+    options: ConvertOptions,
+    effects: ProjectEffects | None = None,
+) -> FileProgram:
     """The input's program, built in its one walk with the fixable rules attached: what
-    ``mnify lint`` finds in the input read as the distributed program it is to become."""
+    ``mnify lint`` finds in the input read as the distributed program it is to become
+    (``effects``: the conversion's, which say what the file's calls build)."""
     wanted = [code for code in fixable_codes() if code in _DEFAULT_CODES]
     return walk_program(
-        wrapper, path, hazards=select_rules(wanted, None, None), assume=_assumed(options)
+        wrapper,
+        path,
+        hazards=select_rules(wanted, None, None),
+        assume=_assumed(options),
+        effects=effects,
     )
 
 
@@ -84,10 +95,13 @@ def _finding_keys(source: str, findings: list[Diagnostic]) -> Counter[tuple[str,
 
 
 def lint_output(
-    results: Mapping[str, FileResult], options: ConvertOptions
+    results: Mapping[str, FileResult],
+    options: ConvertOptions,
+    effects: ProjectEffects | None = None,
 ) -> dict[str, Diagnostic]:
     """Lint the converted project, each file as part of the distributed program the project is
-    (its collectives and its uses of each other's code, mnify/program/project.py): MN301
+    (its collectives and its uses of each other's code, mnify/program/project.py; what its
+    calls build, from the input's ``effects``: the output spells them as the input did): MN301
     findings its input did not have are returned (first per file: an internal error); every
     other hazard left in the output needs a person, except what a rewrite declared it leaves."""
     done = {p: r for p, r in results.items() if r.output is not None and r.skipped is None}
@@ -113,6 +127,7 @@ def lint_output(
                 external_collectives=external_out,
                 assume=_assumed(options),
                 project=uses,
+                effects=effects,
             )
             before = (
                 lint_source(

@@ -23,11 +23,13 @@ from mnify.rewrites.wrapping import names_module, wrap_call
 
 
 class OptimizerNotMultiNode(WrapTracker):
-    """Fires on each ``chainer.optimizers.<Optimizer>(...)`` construction in a data-parallel
-    script that is not passed to ``create_multi_node_optimizer`` directly or through the variable
-    it is assigned to (a construction returned from a helper counts as wrapped when the file
-    wraps something, or when some file of the program passes that helper's result to
-    ``create_multi_node_optimizer``), unless the program calls ``distribute_trainers``."""
+    """Fires on each construction of a Chainer optimizer (``chainer.optimizers.<Optimizer>(...)``,
+    or a class of the project or of a package that derives from one; a class that only shares a
+    name with one is none) in a data-parallel script that is not passed to
+    ``create_multi_node_optimizer`` directly or through the variable it is assigned to (a
+    construction returned from a helper counts as wrapped when the file wraps something, or when
+    some file of the program passes that helper's result to ``create_multi_node_optimizer``),
+    unless the program calls ``distribute_trainers``."""
 
     code = "MN503"
     name = "optimizer-not-multi-node"
@@ -45,8 +47,8 @@ class OptimizerNotMultiNode(WrapTracker):
     fixable = True
     applies_to = AppliesTo.DATA_PARALLEL
 
-    def is_construction(self, names: frozenset[str]) -> bool:
-        return any(N.is_optimizer(name) for name in names)
+    def is_construction(self, node: cst.Call, names: frozenset[str]) -> bool:
+        return self.ctx.builds_optimizer(node)
 
     def is_wrapper(self, names: frozenset[str]) -> bool:
         return N.any_in(names, N.MULTI_NODE_OPTIMIZER_FACTORIES)
@@ -70,8 +72,11 @@ FIX_DOC = """docs/design.md §1, step "optimizer": wrap every Chainer optimizer 
 ``opt = chainer.optimizers.Adam(...)`` becomes
 ``opt = mn.create_multi_node_optimizer(chainer.optimizers.Adam(...), comm)`` wherever it is
 built: in the entry point, in a helper such as ``make_optimizer(model)`` (which then takes
-``comm``), once per optimizer (a GAN has two). With ``--model-parallel channel`` optimizers stay
-as they are: each rank owns different parameters, so there is nothing to average.
+``comm``), once per optimizer (a GAN has two). What a call builds is what its callee resolves
+to, not its name (``LintContext.builds_optimizer``): the project's or a package's subclass of a
+Chainer optimizer (``from optim import Adam``) is wrapped too; a class of the project that only
+shares a name with one (its own ``SGD``) is left alone. With ``--model-parallel channel``
+optimizers stay as they are: each rank owns different parameters, so there is nothing to average.
 """
 
 
@@ -80,7 +85,7 @@ def fix(ctx: FileContext) -> None:
     """Wrap every optimizer this file builds where the communicator is in scope (see FIX_DOC)."""
     wrap = ctx.spell.top("create_multi_node_optimizer")
     for call in ctx.facts.calls:
-        if not N.is_optimizer(call.qname) and not _by_getattr(ctx, call):
+        if not ctx.builds_optimizer(call) and not _by_getattr(ctx, call):
             continue
         label = _label(ctx, call)
         if N.is_multi_node_optimizer_factory(call.parent_qname):

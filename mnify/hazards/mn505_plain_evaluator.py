@@ -10,6 +10,8 @@ data, a multi-node optimizer, multi-node batch normalization, a multi-node evalu
 
 from __future__ import annotations
 
+import libcst as cst
+
 from mnify import vocabulary as N
 from mnify.hazards.rule import AppliesTo, Finding
 from mnify.hazards.wrap_tracking import WrapTracker
@@ -39,7 +41,7 @@ class PlainEvaluator(WrapTracker):
     fixable = True
     applies_to = AppliesTo.DATA_PARALLEL
 
-    def is_construction(self, names: frozenset[str]) -> bool:
+    def is_construction(self, node: cst.Call, names: frozenset[str]) -> bool:
         return N.any_is(names, N.is_evaluator)
 
     def is_wrapper(self, names: frozenset[str]) -> bool:

@@ -67,9 +67,7 @@ class GlobalBatchGrowsLearningRateUnchanged(Rule):
             if inner is not None and not isinstance(inner, cst.Call):
                 bound = ctx.binding(inner)
                 inner = bound.value if bound is not None else None
-            if isinstance(inner, cst.Call) and any(
-                N.is_optimizer(n) for n in ctx.callee_names(inner)
-            ):
+            if isinstance(inner, cst.Call) and ctx.builds_optimizer(inner):
                 self._wrapped.append(inner)
         elif N.any_is(names, N.is_iterator):
             batch = argument(node, 1, "batch_size")

@@ -24,7 +24,7 @@ class WrapTracker(Rule):
         self.returned_names: set[str] = set()
         self.wrapper_calls = 0
 
-    def is_construction(self, names: frozenset[str]) -> bool:
+    def is_construction(self, node: cst.Call, names: frozenset[str]) -> bool:
         raise NotImplementedError
 
     def is_wrapper(self, names: frozenset[str]) -> bool:
@@ -61,7 +61,7 @@ class WrapTracker(Rule):
                 name = dotted_name(wrapped)
                 if name is not None:
                     self.wrapped_names.add(name)
-        elif self.is_construction(names):
+        elif self.is_construction(node, names):
             self.constructions.append(node)
 
     def unwrapped(self) -> list[cst.Call]:

@@ -5,6 +5,7 @@ as Python decodes them (``mnify.sourcefile``: BOM, PEP 263 coding cookie)."""
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from mnify.config import ConfigError, ConfigFinder, LintConfig
 from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
 from mnify.lint.registry import SelectorError
 from mnify.lint.runner import lint_source
+from mnify.program.effects import ProjectEffects
 from mnify.program.walk import FileProgram
 from mnify.sourcefile import SourceDecodeError, decode_source, describe_os_error
 
@@ -93,6 +95,18 @@ def lint_paths(
 _Options = tuple[Sequence[str] | None, tuple[str, ...], tuple[str, ...]]
 
 
+def _effects(shown: str, source: str) -> ProjectEffects | None:
+    """The file's program effects (its imports resolved through its directory, the project's
+    modules and the installed packages, read from source only where asked): what its calls
+    build, whatever their names (``LintContext.builds_optimizer``). None when it does not
+    parse (the lint says why)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    return ProjectEffects({shown: tree})
+
+
 def _lint_one(
     result: LintResult,
     finder: ConfigFinder,
@@ -126,6 +140,7 @@ def _lint_one(
                 ignore=ignored + ignore,
                 extend_select=extended + extend_select,
                 seen=seen,
+                effects=_effects(shown, source),
             )
         )
     except LintSyntaxError as exc:

@@ -14,6 +14,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from mnify.hazards.rule import Finding, Rule
 from mnify.lint.diagnostic import Diagnostic, LintSyntaxError
 from mnify.lint.registry import select_rules
+from mnify.program.effects import ProjectEffects
 from mnify.program.noqa import Suppressions, parse_suppressions
 from mnify.program.project import ProjectUses
 from mnify.program.walk import FileProgram, walk_program
@@ -46,6 +47,7 @@ def lint_source(
     assume: str | None = None,
     project: ProjectUses | None = None,
     seen: Callable[[FileProgram], None] | None = None,
+    effects: ProjectEffects | None = None,
 ) -> list[Diagnostic]:
     """Lint one file's text (``seen``: handed the file's program, see :func:`lint_wrapper`). Raises ``LintSyntaxError`` when it does not parse and
     ``SelectorError`` for an unknown selector."""
@@ -62,6 +64,7 @@ def lint_source(
         assume=assume,
         project=project,
         seen=seen,
+        effects=effects,
     )
 
 
@@ -77,6 +80,7 @@ def lint_wrapper(
     assume: str | None = None,
     project: ProjectUses | None = None,
     seen: Callable[[FileProgram], None] | None = None,
+    effects: ProjectEffects | None = None,
 ) -> list[Diagnostic]:
     """Lint an already built ``MetadataWrapper`` (the converter shares its resolution: metadata
     already resolved on ``wrapper`` is reused, not recomputed). ``external_collectives`` names
@@ -86,7 +90,10 @@ def lint_wrapper(
     creates no communicator (how ``mnify convert`` reads its input and its output).
     ``project`` says how the program's files use each other's code; by default the file is a
     program of its own. ``seen`` is handed the file's program once walked (what kind of script
-    it is: ``mnify lint`` says which training scripts run as one process)."""
+    it is: ``mnify lint`` says which training scripts run as one process). ``effects``: the
+    program's effects (mnify/program/effects.py), which say what a call builds whatever its
+    name (a project's subclass of a Chainer optimizer is an optimizer; its own class named
+    ``SGD`` is not); without them names decide."""
     rules = select_rules(select, ignore, extend_select)
     text = source if source is not None else wrapper.module.code
     suppressions = parse_suppressions(text)
@@ -99,6 +106,7 @@ def lint_wrapper(
         assume=assume,
         external_collectives=external_collectives,
         facts=False,
+        effects=effects,
     )
     if program.hazard_failure is not None:
         raise program.hazard_failure

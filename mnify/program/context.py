@@ -17,6 +17,7 @@ from typing import Any
 
 import libcst as cst
 
+from mnify.program.effects import ProjectEffects
 from mnify.program.flow import FlowPosition, Frame
 from mnify.program.meaning import Binding
 from mnify.program.project import ProjectUses
@@ -49,6 +50,9 @@ class LintContext(FlowPosition):
         self.assume: str | None = None
         # what the other files of the program (and this one) do with this file's code
         self.project = ProjectUses()
+        # what the program's names resolve to (classes through their bases): which calls build
+        # an optimizer (``builds_optimizer``); None for a text linted on its own
+        self.effects: ProjectEffects | None = None
         # node type -> handler; a dict lookup per node keeps the shared walk cheap
         self._on_enter: dict[type[cst.CSTNode], Callable[[Any], None]] = {
             cst.Call: self._enter_call,

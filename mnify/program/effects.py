@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import builtins
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -45,6 +46,7 @@ from mnify import vocabulary as vocab
 from mnify.program.effect_cache import SummaryCache, default_directory
 from mnify.program.effect_summary import MODULE_CODE, Summary, summarise, table_root
 
+_BUILTIN_NAMES = frozenset(dir(builtins))
 KINDS = ("writes", "trains", "reads-data", "imports", "forks", "collective", "opaque")
 # methods common to many classes: a call of one on an object of unknown class is not taken for
 # the one class of the project that defines it
@@ -140,6 +142,7 @@ class ProjectEffects:
         self._sites: dict[str, list[tuple[int, str, Summary, list[Any]]]] = {}
         self._site_lines: dict[str, list[int]] = {}
         self._methods = self._project_methods()
+        self._made: dict[tuple[str, str], tuple[str, tuple[str, ...]] | None] = {}
 
     # questions ------------------------------------------------------------------------
     def function(self, path: str, key: str) -> Effects:
@@ -195,6 +198,57 @@ class ProjectEffects:
                     returned: list[str] = target[1]["functions"][target[2]]["returns"]
                     return returned
         return None
+
+    def made_by(self, path: str, callee: str) -> tuple[str, tuple[str, ...]] | None:
+        """What calling ``callee`` makes, where ``callee`` is a name as the converted file
+        ``path`` spells it at module level (``Adam``, ``optim.Adam``,
+        ``chainer.optimizers.Adam``), resolved through the file's imports and definitions the
+        way its calls are: the qualified name it resolves to, and the fixed table's classes that
+        is (``("chainer.optimizers.Adam", ("chainer.optimizers.Adam",))``) or, for a class of
+        the project or of a package, derives from (its bases followed, depth first:
+        ``("optim.Adam", ("chainer.optimizers.Adam",))``); none for anything else that resolves
+        (a function). None when the name does not resolve (a local, a parameter, a module that
+        cannot be read)."""
+        key = (path, callee)
+        if key in self._made:
+            return self._made[key]
+        made: tuple[str, tuple[str, ...]] | None = None
+        summary = self._by_path.get(self._given.get(path, os.path.abspath(path)))
+        head, _, rest = callee.partition(".")
+        qualified = summary["names"].get(head) if summary is not None else None
+        if qualified is None and summary is not None and head in _BUILTIN_NAMES:
+            qualified = f"builtins.{head}"
+        if qualified is not None:
+            target = self._resolve(qualified + ("." + rest if rest else ""), 0)
+            if target is not None:
+                kind, where, name = target
+                if kind == "table" and name:  # a method a class inherits from the table's
+                    made = (f"{where}.{name}", ())
+                elif kind == "table":
+                    made = (str(where), (str(where),))
+                elif kind == "class":
+                    bases = self._table_bases(where, str(name), 0)
+                    made = (f"{where['module']}.{name}", tuple(dict.fromkeys(bases)))
+                elif kind == "func":
+                    made = (f"{where['module']}.{name}", ())
+        self._made[key] = made
+        return made
+
+    def _table_bases(self, module: Summary, cls: str, depth: int) -> list[str]:
+        """The fixed table's classes ``cls`` derives from, depth first, in base order."""
+        if depth > 12:
+            return []
+        found: list[str] = []
+        for base in module["classes"].get(cls, []):
+            if table_root(base):
+                found.append(base.lstrip("."))
+                continue
+            target = self._resolve(base, depth + 1)
+            if target is not None and target[0] == "class":
+                found.extend(self._table_bases(target[1], str(target[2]), depth + 1))
+            elif target is not None and target[0] == "table":
+                found.append(str(target[1]))
+        return found
 
     def reached_from(self, roots: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         """The functions of the converted files that the ``(path, key)`` roots call, through

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 from libcst.metadata import QualifiedNameSource
 
 from mnify import vocabulary as N
 from mnify.syntax import argument, dotted_name, string_value, subexpressions
+
+if TYPE_CHECKING:
+    from mnify.program.effects import ProjectEffects
 
 _LIBRARY_SOURCES = (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN)
 
@@ -44,6 +47,7 @@ class ExpressionMeaning:
     class_names: set[str]
     external_collectives: Mapping[str, str]
     assume: str | None
+    effects: ProjectEffects | None
 
     # ----------------------------------------------------------------- script-level facts
     @property
@@ -83,6 +87,31 @@ class ExpressionMeaning:
 
     def callee_names(self, call: cst.Call) -> frozenset[str]:
         return self.qualified_names(call.func)
+
+    def builds_optimizer(self, call: cst.Call) -> bool:
+        """Whether ``call`` builds a Chainer optimizer: its callee resolves to one of
+        ``chainer.optimizers``' classes, or to a class whose bases reach one of them or
+        Chainer's optimizer base classes (``GradientMethod``), through the file's imports and
+        definitions, the project's modules and the packages read from source (``effects``,
+        mnify/program/effects.py: ``from optim import Adam`` where ``optim.Adam`` subclasses
+        ``chainer.optimizers.Adam``). A class of the project that only has the name of one of
+        Chainer's (its own ``SGD``, even where it shadows an imported one) is not. Without the
+        program's effects (a text linted on its own) the qualified name decides."""
+        made = self.made_by(call)
+        if made is None:
+            return any(N.is_optimizer(name) for name in self.callee_names(call))
+        resolved, classes = made
+        if classes == (resolved,):  # one of the fixed table's names itself
+            return N.is_optimizer(resolved)
+        return any(N.is_optimizer(c) or c in N.OPTIMIZER_BASES for c in classes)
+
+    def made_by(self, call: cst.Call) -> tuple[str, tuple[str, ...]] | None:
+        """What ``call``'s callee resolves to and the fixed table's classes it is or derives
+        from (``ProjectEffects.made_by``); None when the program's effects cannot say."""
+        callee = dotted_name(call.func)
+        if self.effects is None or callee is None:
+            return None
+        return self.effects.made_by(self.path, callee)
 
     def binding(self, expr: cst.BaseExpression) -> Binding | None:
         name = dotted_name(expr)
@@ -255,7 +284,7 @@ class ExpressionMeaning:
                 return "communicator"
             if N.any_in(names, N.MULTI_NODE_OPTIMIZER_FACTORIES):
                 return "mn_optimizer"
-            if any(N.is_optimizer(n) for n in names):
+            if self.builds_optimizer(value):
                 return "optimizer"
             if N.any_in(names, N.MULTI_NODE_EVALUATOR_FACTORIES):
                 return "mn_evaluator"

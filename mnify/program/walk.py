@@ -19,6 +19,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
 from mnify.program.context import LintContext
+from mnify.program.effects import ProjectEffects
 from mnify.program.facts import PRUNED_BY_FACTS, FactCollector, Facts
 
 _Handler = Callable[[Any], None]
@@ -65,15 +66,19 @@ def walk_program(
     assume: str | None = None,
     external_collectives: Mapping[str, str] | None = None,
     facts: bool = True,
+    effects: ProjectEffects | None = None,
 ) -> FileProgram:
     """Walk ``wrapper``'s module once (one ``QualifiedNameProvider`` resolution, reused if the
     wrapper already has it) and return its model with ``hazards`` (classes or factories taking
     the context) built and run on the way. ``assume`` and ``external_collectives``: see
     :class:`~mnify.program.context.LintContext`. ``facts=False`` leaves the facts table out
-    (lint plans no edit; recording it would cost every lint run about a twentieth)."""
+    (lint plans no edit; recording it would cost every lint run about a twentieth).
+    ``effects``: the program's effects, whose resolution says what the file's calls build
+    (``LintContext.builds_optimizer``); the file's ``path`` must be one of theirs."""
     context = LintContext(path, wrapper.resolve(QualifiedNameProvider))
     context.external_collectives = external_collectives or {}
     context.assume = assume
+    context.effects = effects
     attached = [make(context) for make in hazards]
     collector = FactCollector() if facts else None
     walk = _ProgramWalk(collector, context, attached)

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from mnify import vocabulary as vocab
 from mnify.program.facts import CallFact
 from mnify.rewrites.source_file import SourceFile
 from mnify.syntax import dotted_name, read_names, target_names
@@ -44,7 +43,7 @@ def optimizer_names(ctx: SourceFile) -> set[str]:
     return {
         t
         for a in ctx.facts.assigns
-        if (fact := ctx.facts.call_of(a.value)) is not None and vocab.is_optimizer(fact.qname)
+        if (fact := ctx.facts.call_of(a.value)) is not None and ctx.builds_optimizer(fact)
         for t in a.targets
     }
 

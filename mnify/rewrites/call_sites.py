@@ -179,7 +179,7 @@ def _from_optimizer_table(ctx: FileContext, call: CallFact) -> bool:
         a.stmt for a in ctx.facts.assigns_of(func.value.value) if isinstance(a.value, cst.Dict)
     ]
     return any(
-        vocab.is_optimizer(c.qname) and c.stmt is table for c in ctx.facts.calls for table in tables
+        ctx.builds_optimizer(c) and c.stmt is table for c in ctx.facts.calls for table in tables
     )
 
 

@@ -12,10 +12,13 @@ script never create one. Without arguments: the top of ``main()``, else module l
 Which: decided at run time from what the script's own device flag selects (``device.find_flag``:
 ``--gpu``, ``-g``, ``--gpu-device``, ``--gpu_id``, ``--device``, a ``--gpus`` list, a comma
 string, an on/off switch): GPU runs get ``pure_nccl``, CPU runs the CPU communicator (``flat``;
-``naive`` under ``--target chainermn``, whose ``flat`` needs GPU memory); a script without such
-a flag gets ``pure_nccl`` when it moves its model to a GPU, else the CPU one. ``--communicator``
-overrides all of this. Right after creation, the flag is re-pointed to the rank's own GPU
-(``device.remap``). Both decisions, and why, go to the report.
+``naive`` under ``--target chainermn``, whose ``flat`` needs GPU memory). A script without such
+a flag decides from the device its code sets (a constant, an entry of a config it loads:
+``device.find_source``), the communicator then created right after the statement that sets it
+(``with open(path) as f: settings = json.load(f)``); failing that, it gets ``pure_nccl`` when it
+moves its model to a GPU, else the CPU one. ``--communicator`` overrides all of this. Right
+after creation, the flag (or the device the code set) is re-pointed to the rank's own GPU
+(``device.remap``, ``device.source_remap``). Both decisions, and why, go to the report.
 """
 
 from __future__ import annotations
@@ -78,12 +81,19 @@ def find_entry(ctx: FileContext) -> None:
         entry.device_style = flag.style
     elif flag is None and not entry.exists:
         _device_constant(ctx, entry)
+        if entry.device_source is None:
+            source = device.find_source(ctx, entry)
+            if source is not None:
+                entry.device_source = source
+                if source.anchor is not None:
+                    entry.anchor, entry.top_of = source.anchor, None
 
 
 def _device_constant(ctx: FileContext, entry: Entry) -> None:
     """``gpu = -1`` in the entry's own body, passed as a device (``device=gpu``,
     ``to_gpu(gpu)``, ``get_device_from_id(gpu)``): the communicator goes right after that
-    assignment, so it can read the constant at run time."""
+    assignment, so it can read the constant at run time. A device read from a config instead
+    (``settings["gpu"]``, ``cfg.gpu``) is ``device.find_source``'s."""
     for expr in device.device_expressions(ctx):
         if not isinstance(expr, cst.Name):
             continue
@@ -102,7 +112,8 @@ def _device_constant(ctx: FileContext, entry: Entry) -> None:
                 continue  # inside a branch or loop: not the one value every run has
             if isinstance(entry, Home) and entry.guard is not None:
                 continue
-            entry.anchor, entry.top_of, entry.device_name = a.stmt, None, expr.value
+            entry.anchor, entry.top_of = a.stmt, None
+            entry.device_source = device.DeviceSource(expr.value, (expr.value,), "int", a.stmt)
             return
 
 
@@ -144,16 +155,16 @@ def _preference(ctx: FileContext, func: cst.FunctionDef | None) -> int:
     return 1 if _trains(ctx, func, 0) else 2
 
 
-def _is_training_call(call: CallFact) -> bool:
+def _is_training_call(ctx: FileContext, call: CallFact) -> bool:
     q = call.qname
-    return vocab.is_optimizer(q) or vocab.is_iterator(q) or vocab.is_trainer(q)
+    return ctx.builds_optimizer(call) or vocab.is_iterator(q) or vocab.is_trainer(q)
 
 
 def _trains(ctx: FileContext, func: cst.FunctionDef | None, depth: int) -> bool:
     for c in ctx.facts.calls:
         if c.func is not func:
             continue
-        if _is_training_call(c):
+        if _is_training_call(ctx, c):
             return True
         callee = ctx.facts.module_functions.get(c.qname.lstrip("."))
         if callee is not None and callee is not func and depth < 3:
@@ -340,7 +351,7 @@ def _outermost(
         if parent is None or parent is stop or not isinstance(parent, cst.If):
             return current
         if any(
-            _is_training_call(c) and c.stmt is not None and ctx.facts.within(c.stmt, parent)
+            _is_training_call(ctx, c) and c.stmt is not None and ctx.facts.within(c.stmt, parent)
             for c in ctx.facts.calls
         ):
             return current
@@ -358,7 +369,9 @@ def _main_guard(ctx: FileContext) -> cst.If | None:
 
 
 def _module_level_calls(ctx: FileContext) -> list[CallFact]:
-    return [c for c in ctx.facts.calls if c.func is None and c.cls is None and _is_training_call(c)]
+    return [
+        c for c in ctx.facts.calls if c.func is None and c.cls is None and _is_training_call(ctx, c)
+    ]
 
 
 def _module_level_training(ctx: FileContext) -> bool:
@@ -403,12 +416,13 @@ def choose(ctx: FileContext) -> Choice:
             test,
             f"'{gpu}' when {flag.option} selects a GPU ({test}), else '{cpu}' (CPU)",
         )
-    if entry is not None and entry.device_name is not None:
-        test = f"{entry.device_name} >= 0"
+    if entry is not None and entry.device_source is not None:
+        source = entry.device_source
+        test = device.source_test(ctx, source)
         return Choice(
             f"{ctx.q(gpu)} if {test} else {ctx.q(cpu)}",
             test,
-            f"'{gpu}' when {entry.device_name} (set in the code) selects a GPU, else '{cpu}' "
+            f"'{gpu}' when {source.text} (set in the code) selects a GPU, else '{cpu}' "
             "(CPU), decided at run time after it is set",
         )
     if uses_gpu_statically(ctx):
@@ -439,13 +453,13 @@ def creation_statements(ctx: FileContext) -> list[cst.BaseStatement]:
     if not ctx.options.data_parallel:
         out.append(statement(_same_initial_weights(ctx)))
     flag = device.find_flag(ctx)
-    if entry.device_name is not None:
-        name = entry.device_name
+    if entry.device_source is not None:
+        source = entry.device_source
         out.append(
             statement(
-                f"if {name} >= 0:\n"
+                f"if {device.source_test(ctx, source)}:\n"
                 "    # one GPU per rank, numbered within the node (intra_rank, not rank)\n"
-                f"    {name} = {entry.comm}.intra_rank\n"
+                f"    {device.source_remap(ctx, source, entry.comm)}\n"
             )
         )
     if flag is not None and entry.args is not None:
@@ -547,6 +561,15 @@ def emit(ctx: FileContext, preamble: list[cst.BaseStatement]) -> None:
             "changed",
             f"each rank uses its own GPU, comm.intra_rank, when {flag.option} selects one: "
             f"`{device.remap(ctx, flag, entry.args, entry.comm)}`",
+        )
+    elif entry.device_source is not None and len(entry.device_source.path) > 1:
+        source = entry.device_source
+        ctx.note(
+            where,
+            "device",
+            "changed",
+            f"each rank uses its own GPU, comm.intra_rank, when {source.text} selects one: "
+            f"`{device.source_remap(ctx, source, entry.comm)}`",
         )
 
 

@@ -11,17 +11,19 @@ function or a model class's ``__init__`` it cannot, so the helper/class gains a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import libcst as cst
 
-from mnify import vocabulary as vocab
 from mnify.rewrites.edits import EditPlan
 from mnify.rewrites.options import Spelling
 from mnify.rewrites.report import Claim, FileReport, ReportEntry, Severity
 from mnify.rewrites.source_file import SourceFile
 from mnify.rewrites.step_codes import step_code
 from mnify.syntax import names_in
+
+if TYPE_CHECKING:
+    from mnify.rewrites.device import DeviceSource
 
 LiftKind = Literal[
     "optimizer",
@@ -65,9 +67,10 @@ class Entry:
     args: str | None = None  # the argparse namespace variable
     device_dest: str | None = None
     device_style: str | None = None  # int | str | flag
-    # a device chosen by a constant in the code (``gpu = -1``, no flag): the communicator is
-    # created right after that assignment and picks pure_nccl or the CPU one from it at run time
-    device_name: str | None = None
+    # a device chosen in the code, no flag (``gpu = -1``, ``settings["gpu"]`` of a config it
+    # loads): the communicator is created once it is set, picks pure_nccl or the CPU one from it
+    # at run time and re-points it to the rank's GPU (``device.find_source``)
+    device_source: DeviceSource | None = None
 
 
 @dataclass(eq=False)
@@ -180,8 +183,7 @@ class FileContext(SourceFile):
                 c for c in self.facts.calls if c.func is not None and self._inside(c.func, helper)
             ]
             trains = any(
-                vocab.is_optimizer(c.qname) and not self.returns_value_of(helper, c.node)
-                for c in mine
+                self.builds_optimizer(c) and not self.returns_value_of(helper, c.node) for c in mine
             )
             called = any(
                 c.qname.lstrip(".") == name and self._in_entry(c.func) for c in self.facts.calls
@@ -215,7 +217,7 @@ class FileContext(SourceFile):
                 method is None
                 or self.facts.func_class.get(id(method)) is not cls
                 or method in found
-                or not vocab.is_optimizer(c.qname)
+                or not self.builds_optimizer(c)
                 or self.returns_value_of(method, c.node)
             ):
                 continue

@@ -12,6 +12,14 @@ a specifier ``'@cupy:%d' % comm.intra_rank``. Every idiom downstream
 (``chainer.get_device(args.device)``, ``cuda.get_device_from_id(args.gpus[0]).use()``,
 ``model.to_gpu(args.gpu)``, ``device=args.gpu_device``) then follows without being touched.
 
+Without a flag, the device the entry point reads in its own code decides the same way
+(:func:`find_source`): a constant (``gpu = -1``), an entry of a config it loads
+(``settings["gpu"]`` after ``settings = json.load(f)``, ``cfg.gpu`` of a parameter,
+``config['device']``) or a variable set once from one (``gpu = int(cfg['gpu'])``). The
+communicator is created right after the statement that sets it, and the entry itself is
+re-pointed to the rank's GPU (``if settings["gpu"] >= 0: settings["gpu"] = comm.intra_rank``; a
+device specifier becomes ``'@cupy:%d' % comm.intra_rank``), so every read of it follows.
+
 This module's rewrite handles the rest: literal GPU ids become ``comm.intra_rank``, a bare
 ``to_gpu()`` with no device made current gets the rank's GPU, a multi-GPU updater is checked
 against the one GPU each rank now has, and an idiom it cannot trace is reported, not guessed at.
@@ -19,14 +27,16 @@ against the one GPU each rank now has, and an idiom it cannot trace is reported,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import libcst as cst
 
 from mnify import vocabulary as vocab
+from mnify.program.effect_summary import table_root
 from mnify.program.facts import CallFact
-from mnify.rewrites.context import FileContext
+from mnify.rewrites.context import Entry, FileContext
 from mnify.rewrites.edits import NodeFn, expression
 from mnify.rewrites.registry import rewrite
 from mnify.syntax import names_in
@@ -209,6 +219,349 @@ def find_flag(ctx: FileContext) -> DeviceFlag | None:
     return None
 
 
+# ------------------------------------------------------------------ a device read in the code
+SourceStyle = Literal["int", "untyped", "spec"]
+
+
+@dataclass(frozen=True)
+class DeviceSource:
+    """A device the entry point reads in its own code instead of from a flag: an entry of a
+    config it loads (``settings["gpu"]``, ``cfg.gpu``, ``config['device']``), a variable set
+    from one (``gpu = int(cfg['gpu'])``) or a constant (``gpu = -1``). ``text`` is the
+    expression as the script spells it (what the remap assigns to), ``path`` what it reads
+    (:func:`read_path`), ``style`` what its value looks like (``int``: a GPU id, negative for
+    CPU; ``untyped``: one the script reads with ``int()``; ``spec``: a Chainer device
+    specifier), ``anchor`` the statement of the entry's block after which it is known (None:
+    known before the entry runs: a parameter, a module-level name)."""
+
+    text: str
+    path: tuple[str, ...]
+    style: SourceStyle
+    anchor: cst.BaseStatement | None
+
+
+def read_path(expr: cst.BaseExpression) -> tuple[str, ...] | None:
+    """What ``expr`` reads, as a path from a name: ``settings["gpu"]`` -> ``("settings",
+    "[gpu]")``, ``cfg.train.gpu`` -> ``("cfg", ".train", ".gpu")``, ``gpu`` -> ``("gpu",)``;
+    None for anything else (a call, an index that is not a string literal)."""
+    parts: list[str] = []
+    while True:
+        if isinstance(expr, cst.Name):
+            return (expr.value, *reversed(parts))
+        if isinstance(expr, cst.Attribute):
+            parts.append("." + expr.attr.value)
+            expr = expr.value
+        elif (
+            isinstance(expr, cst.Subscript)
+            and len(expr.slice) == 1
+            and isinstance(expr.slice[0].slice, cst.Index)
+            and (key := _text(expr.slice[0].slice.value)) is not None
+        ):
+            parts.append(f"[{key}]")
+            expr = expr.value
+        else:
+            return None
+
+
+def _config_entry(ctx: FileContext, entry: Entry, expr: cst.BaseExpression) -> bool:
+    """``json.load(f)['gpu']``, ``load_config(path).gpu``: an entry of something the script
+    loads, named (a string key or an attribute; not a library module's attribute, nor the
+    parsed arguments', whose flags ``find_flag`` reads)."""
+    root: cst.BaseExpression = expr
+    while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):
+        root = root.func if isinstance(root, cst.Call) else root.value
+    if isinstance(root, cst.Name) and root.value == entry.args:
+        return False
+    if isinstance(expr, cst.Subscript):
+        return (
+            len(expr.slice) == 1
+            and isinstance(expr.slice[0].slice, cst.Index)
+            and _text(expr.slice[0].slice.value) is not None
+        )
+    if isinstance(expr, cst.Attribute):
+        module = ctx.facts.imported_modules.get(root.value) if isinstance(root, cst.Name) else None
+        return module is None or not table_root(module)
+    return False
+
+
+def _unwrap_int(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, bool]:
+    """``int(x)`` -> (x, True); anything else as it is."""
+    if (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Name)
+        and expr.func.value == "int"
+        and len(expr.args) == 1
+        and expr.args[0].keyword is None
+        and not expr.args[0].star
+    ):
+        return expr.args[0].value, True
+    return expr, False
+
+
+def _device_uses(
+    ctx: FileContext, func: cst.FunctionDef | None
+) -> list[tuple[CallFact, cst.BaseExpression]]:
+    """The calls of ``func``'s own code (None: the module's) that take a device, with the
+    expression each is given, in source order (see :func:`device_expressions`)."""
+    found: list[tuple[CallFact, cst.BaseExpression]] = []
+    for call in ctx.facts.calls:
+        if call.func is not func:
+            continue
+        getter = call.qname in vocab.DEVICE_GETTERS or call.qname in vocab.DEVICE_SETTERS
+        for arg in call.node.args:
+            if arg.keyword is not None and arg.keyword.value in ("device", "device_id"):
+                found.append((call, arg.value))
+        if getter or call.method in ("to_gpu", "to_device"):
+            positional = [a for a in call.node.args if a.keyword is None and not a.star]
+            if positional:
+                found.append((call, positional[0].value))
+    return found
+
+
+class _Reads(cst.CSTVisitor):
+    """Whether a statement reads ``path`` (assignment targets, keywords and the names of
+    attributes, parameters and definitions are not reads); and whether it compares what it
+    reads with a number (``settings["gpu"] >= 0``: an int)."""
+
+    def __init__(self, path: tuple[str, ...]) -> None:
+        super().__init__()
+        self.path = path
+        self.found = False
+        self.compared = False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.Name, cst.Attribute, cst.Subscript)):
+            if read_path(node) == self.path:
+                self.found = True
+                return False
+            if isinstance(node, cst.Attribute):
+                node.value.visit(self)
+                return False
+        if isinstance(node, cst.Comparison):
+            operands = [node.left, *(c.comparator for c in node.comparisons)]
+            if any(read_path(_unwrap_int(o)[0]) == self.path for o in operands) and any(
+                _is_int_literal(o) for o in operands
+            ):
+                self.compared = True
+        if isinstance(node, cst.Assign):
+            node.value.visit(self)
+            return False
+        if isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            if node.value is not None:
+                node.value.visit(self)
+            return False
+        if isinstance(node, cst.Arg):
+            node.value.visit(self)
+            return False
+        if isinstance(node, cst.Param):
+            if node.default is not None:
+                node.default.visit(self)
+            return False
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            node.body.visit(self)
+            return False
+        if isinstance(node, (cst.AsName, cst.Import, cst.ImportFrom)):
+            return False
+        if isinstance(node, cst.For):
+            for part in (node.iter, node.body, node.orelse):
+                if part is not None:
+                    part.visit(self)
+            return False
+        return super().on_visit(node)
+
+
+def _reads(stmt: cst.CSTNode, path: tuple[str, ...]) -> _Reads:
+    found = _Reads(path)
+    stmt.visit(found)
+    return found
+
+
+def _entry_block(ctx: FileContext, entry: Entry) -> Sequence[cst.BaseStatement] | None:
+    """The statements of the entry point's own block: its function's, its main guard's or the
+    module's."""
+    if entry.func is not None:
+        body = entry.func.body
+        return body.body if isinstance(body, cst.IndentedBlock) else None
+    guard = getattr(entry, "guard", None)
+    if isinstance(guard, cst.If) and isinstance(guard.body, cst.IndentedBlock):
+        return guard.body.body
+    return ctx.module.body
+
+
+def _index_in(
+    ctx: FileContext, block: Sequence[cst.BaseStatement], stmt: cst.BaseStatement
+) -> int | None:
+    """The index of the statement of ``block`` that is or holds ``stmt`` (None: outside)."""
+    current: cst.BaseStatement | None = stmt
+    while current is not None:
+        for i, top in enumerate(block):
+            if top is current:
+                return i
+        current = ctx.facts.parent_statement(current)
+    return None
+
+
+def _known_before(ctx: FileContext, entry: Entry, name: str) -> bool:
+    """``name`` holds its value before the entry's own code runs: a parameter of the entry
+    function, a module-level assignment, or an import of the project's (a ``config`` module;
+    not a library's: ``os.environ`` is no config of the script's)."""
+    func = entry.func
+    if func is not None:
+        params = func.params
+        if any(
+            p.name.value == name
+            for p in (*params.posonly_params, *params.params, *params.kwonly_params)
+        ):
+            return True
+        if any(a.func is None for a in ctx.facts.assigns_of(name)):
+            return True
+    module = ctx.facts.imported_modules.get(name)
+    return module is not None and not table_root(module)
+
+
+def find_source(ctx: FileContext, entry: Entry) -> DeviceSource | None:
+    """Where a script without a device flag keeps its device (:class:`DeviceSource`): the
+    first device the entry point's own code passes (``get_device_from_id(settings["gpu"])``,
+    ``device=cfg.gpu``, ``to_gpu(gpu)`` with ``gpu = int(config['gpu'])``) that reads a config
+    entry, or a variable set once from one, whose value is known at a statement of the entry's
+    block before any of its reads. The config entry itself is preferred, so that every read of
+    it picks the rank's GPU. None when there is no such place: the device idiom then needs a
+    person (MN103)."""
+    block = _entry_block(ctx, entry)
+    if block is None:
+        return None
+    earliest = -1
+    if entry.anchor is not None:
+        at = _index_in(ctx, block, entry.anchor)
+        if at is None:
+            return None
+        earliest = at
+    uses = _device_uses(ctx, entry.func)
+    for _call, given in uses:
+        inner, wrapped = _unwrap_int(given)
+        path = read_path(inner)
+        if path is None:
+            continue
+        candidates: list[tuple[cst.BaseExpression, tuple[str, ...], bool]] = []
+        if len(path) > 1:
+            candidates.append((inner, path, wrapped))
+        else:
+            bound = [a for a in ctx.facts.assigns_of(path[0]) if a.func is entry.func]
+            if len(bound) == 1 and bound[0].value is not None and bound[0].targets == path:
+                value, value_wrapped = _unwrap_int(bound[0].value)
+                read = read_path(value)
+                if read is not None and len(read) > 1:
+                    candidates.append((value, read, value_wrapped))
+                if (read is not None and len(read) > 1) or _config_entry(ctx, entry, value):
+                    candidates.append((inner, path, False))
+        for expr, candidate, untyped in candidates:
+            found = _placed(ctx, entry, block, earliest, expr, candidate, untyped, uses)
+            if found is not None:
+                return found
+    return None
+
+
+def _placed(
+    ctx: FileContext,
+    entry: Entry,
+    block: Sequence[cst.BaseStatement],
+    earliest: int,
+    expr: cst.BaseExpression,
+    path: tuple[str, ...],
+    untyped: bool,
+    uses: list[tuple[CallFact, cst.BaseExpression]],
+) -> DeviceSource | None:
+    """``path`` as the device source when a statement of ``block`` (at or after ``earliest``)
+    binds what it reads and every read of it comes after that statement."""
+    base = path[0]
+    if base == entry.args or base in ("self", "cls"):
+        return None
+    bindings = [
+        a for a in ctx.facts.assigns_of(base) if a.func is entry.func and a.stmt is not None
+    ]
+    where = [_index_in(ctx, block, a.stmt) for a in bindings if a.stmt is not None]
+    if any(i is None for i in where) and entry.func is not None:
+        return None
+    inside = [i for i in where if i is not None]
+    if not inside and not _known_before(ctx, entry, base):
+        return None
+    bound = max(inside, default=-1)
+    anchor: cst.BaseStatement | None
+    if bound > earliest:
+        at, anchor = bound, block[bound]
+    elif bound == earliest and entry.anchor is not None:
+        return None  # bound where the arguments are parsed: no place in between
+    else:
+        at, anchor = earliest, entry.anchor
+    reads = [i for i, stmt in enumerate(block) if _reads(stmt, path).found]
+    if not reads or min(reads) <= at:
+        return None
+    return DeviceSource(
+        ctx.code(expr), path, _style(ctx, entry, block, path, untyped, uses), anchor
+    )
+
+
+def _style(
+    ctx: FileContext,
+    entry: Entry,
+    block: Sequence[cst.BaseStatement],
+    path: tuple[str, ...],
+    untyped: bool,
+    uses: list[tuple[CallFact, cst.BaseExpression]],
+) -> SourceStyle:
+    """What the source's value looks like: read with ``int()`` (``untyped``), compared with a
+    number (directly or through a variable set from it) or named like a GPU id (``int``), or
+    named like a device and only given where Chainer takes any specifier (``spec``:
+    ``chainer.get_device(x)``, ``device=x``, ``to_device(x)``)."""
+    if untyped:
+        return "untyped"
+    aliases = [
+        (a.targets[0],)
+        for a in ctx.facts.assigns
+        if a.func is entry.func
+        and len(a.targets) == 1
+        and a.value is not None
+        and read_path(_unwrap_int(a.value)[0]) == path
+    ]
+    if any(_reads(stmt, p).compared for p in (path, *aliases) for stmt in block):
+        return "int"
+    if not path[-1].lstrip(".[").startswith("device"):
+        return "int"
+    id_only = any(
+        read_path(_unwrap_int(given)[0]) in (path, *aliases)
+        and call.qname not in vocab.SPEC_DEVICE_GETTERS
+        and call.method != "to_device"
+        and not _keyword_device(call, given)
+        for call, given in uses
+    )
+    return "int" if id_only else "spec"
+
+
+def _keyword_device(call: CallFact, given: cst.BaseExpression) -> bool:
+    """``given`` is the ``device=`` argument of ``call`` (an updater's, an evaluator's)."""
+    return any(
+        a.keyword is not None and a.keyword.value in ("device", "device_id") and a.value is given
+        for a in call.node.args
+    )
+
+
+def source_test(ctx: FileContext, source: DeviceSource) -> str:
+    """A run-time expression, true when the source's value selects a GPU."""
+    if source.style == "spec":
+        return _is_gpu_spec(ctx, source.text)
+    if source.style == "untyped":
+        return f"int({source.text}) >= 0"
+    return f"{source.text} >= 0"
+
+
+def source_remap(ctx: FileContext, source: DeviceSource, comm: str) -> str:
+    """The source re-pointed to the rank's own GPU (``settings["gpu"] = comm.intra_rank``)."""
+    rank = f"{comm}.intra_rank"
+    if source.style == "spec":
+        return f"{source.text} = {ctx.q(vocab.CUPY_DEVICE_SPEC)} % {rank}"
+    return f"{source.text} = {rank}"
+
+
 def chainer_name(ctx: FileContext) -> str:
     """How the file names the ``chainer`` package (imported when it does not)."""
     local = ctx.facts.local_name_of("chainer")
@@ -317,6 +670,11 @@ def _traced(
     if entry is not None and entry.args and entry.device_dest:
         if f"{entry.args}.{entry.device_dest}" in code:
             return True
+    # a config entry the communicator's remap re-points (``settings["gpu"]``), or one the
+    # script re-points itself (``cfg.gpu = comm.intra_rank``: converted before)
+    sources = [entry.device_source.path] if entry is not None and entry.device_source else []
+    if any(_reads(expr, path).found for path in [*sources, *_remapped_paths(ctx)]):
+        return True
     if isinstance(expr, cst.UnaryOperation) or (
         isinstance(expr, cst.SimpleString) and not _literal_gpu(expr)
     ):
@@ -328,6 +686,18 @@ def _traced(
             if a.value is not None and _traced(ctx, a.value, depth + 1):
                 return True
     return False
+
+
+def _remapped_paths(ctx: FileContext) -> list[tuple[str, ...]]:
+    """What the script assigns the rank's GPU to (``settings["gpu"] = comm.intra_rank``)."""
+    found: list[tuple[str, ...]] = []
+    for a in ctx.facts.assigns:
+        if isinstance(a.node, cst.Assign) and "intra_rank" in names_in([a.node.value]):
+            for target in a.node.targets:
+                path = read_path(target.target)
+                if path is not None and path not in found:
+                    found.append(path)
+    return found
 
 
 def _len_test_result(test: cst.BaseExpression, value: str, ctx: FileContext, n: int) -> bool | None:

@@ -46,7 +46,7 @@ def leave_alone_scripts_that_do_not_train(contexts: Mapping[str, FileContext]) -
         # an ``update`` call is training only where the effects cannot tell (``df.update(d)``
         # is not; ``optimizer.update()`` and a library helper's Trainer are: program/effects.py)
         trains = any(
-            vocab.is_optimizer(c.qname)
+            ctx.builds_optimizer(c)
             or vocab.is_trainer(c.qname)
             or (c.method == "update" and ctx.effects is None)
             for c in ctx.facts.calls
@@ -88,7 +88,7 @@ def leave_alone_if_nothing_is_parallel(contexts: Mapping[str, FileContext]) -> N
         (ctx, c)
         for ctx in contexts.values()
         for c in ctx.facts.calls
-        if vocab.is_optimizer(c.qname) and not vocab.is_multi_node_optimizer_factory(c.parent_qname)
+        if ctx.builds_optimizer(c) and not vocab.is_multi_node_optimizer_factory(c.parent_qname)
     ]
     if any(ctx.suppressed(c.node, "optimizer") for ctx, c in built):
         return  # the user kept the optimizer as it is on purpose

@@ -332,7 +332,7 @@ def _iteration_schedules(ctx: FileContext) -> None:
 
 # ----------------------------------------------------------------------- learning rate
 def _learning_rate(ctx: FileContext) -> None:
-    optimizers = [c for c in ctx.facts.calls if vocab.is_optimizer(c.qname)]
+    optimizers = [c for c in ctx.facts.calls if ctx.builds_optimizer(c)]
     if not optimizers:
         return
     options = ctx.options

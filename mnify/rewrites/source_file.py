@@ -100,6 +100,12 @@ class SourceFile:
         line = self.line(call.node)
         return self.effects.at_lines(self.path, line, line, name)
 
+    def builds_optimizer(self, call: CallFact) -> bool:
+        """Whether ``call`` builds a Chainer optimizer: what its callee resolves to decides (a
+        project's subclass of Chainer's optimizer is one, its own class named ``SGD`` is not),
+        asked of the program's walk (``LintContext.builds_optimizer``), as lint asks it."""
+        return self.program.context.builds_optimizer(call.node)
+
     def called_by(self, call: CallFact) -> str | None:
         """The name a call is made by: ``f`` of ``f(...)``, ``save`` of ``obj.save(...)``."""
         func = call.node.func

@@ -9,7 +9,9 @@ gives, so "chooses ``pure_nccl`` when ``--gpus 0 1``" is a result, not a substri
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
+import textwrap
 from types import SimpleNamespace
 from typing import Any
 
@@ -656,3 +658,216 @@ def test_device_constant_in_the_code_picks_the_communicator_after_it_is_set() ->
     assert body[at + 1] == "comm = mn.create_communicator('pure_nccl' if gpu >= 0 else 'flat')"
     assert body[at + 2] == "if gpu >= 0:\n    gpu = comm.intra_rank"
     assert body[at - 1] == "print('start')"  # runs before comm exists: no guard reads it
+
+
+# -------------------------------------------------------------- a device read from a config
+def _choose_with(site: Site, scope: dict[str, Any]) -> str:
+    """The communicator the emitted expression names with ``scope``'s values (a config)."""
+    expr = ast.Expression(site.name_expr)
+    return str(eval(compile(expr, "<comm>", "eval"), {"chainer": FakeChainer()}, dict(scope)))
+
+
+def _remap_with(site: Site, intra_rank: int, scope: dict[str, Any]) -> dict[str, Any]:
+    """Run the device remap after the communicator on one rank; the scope afterwards."""
+    remap = site.after
+    assert isinstance(remap, ast.If), ast.unparse(remap)
+    local = {**scope, "comm": SimpleNamespace(intra_rank=intra_rank)}
+    exec(compile(ast.Module([remap], []), "<remap>", "exec"), {"chainer": FakeChainer()}, local)
+    return local
+
+
+def _device_people(result: FileResult) -> list[str]:
+    return [e.message for e in result.entries if e.severity == "needs-person" and e.code == "MN103"]
+
+
+def test_a_device_read_from_a_loaded_config_picks_the_communicator_once_it_is_loaded() -> None:
+    """Issue 31, item 7 (b): ``settings["gpu"]`` of a JSON config, no device flag. The
+    communicator is created after the statement that loads the config and chooses from the
+    value at run time; a GPU run re-points the entry to the rank's GPU, so every use of it
+    (``get_device_from_id(settings["gpu"])``, ``device=settings["gpu"]``) follows."""
+    result = convert(
+        """\
+        import json
+        import sys
+
+        import chainer
+        import chainer.links as L
+        from chainer import training
+
+
+        def main():
+            with open(sys.argv[1]) as f:
+                settings = json.load(f)
+            model = L.Classifier(L.Linear(4, 2))
+            if settings["gpu"] >= 0:
+                chainer.backends.cuda.get_device_from_id(settings["gpu"]).use()
+                model.to_gpu()
+            opt = chainer.optimizers.SGD()
+            opt.setup(model)
+            train, _ = chainer.datasets.get_mnist()
+            it = chainer.iterators.SerialIterator(train, 8)
+            updater = training.updaters.StandardUpdater(it, opt, device=settings["gpu"])
+            training.Trainer(updater, (1, 'epoch')).run()
+
+
+        if __name__ == '__main__':
+            main()
+        """,
+        idempotent=True,
+    )
+    text = result.output or ""
+    site = comm_site(text)
+    assert isinstance(site.owner, ast.FunctionDef) and site.owner.name == "main"
+    assert isinstance(site.before, ast.With) and site.index == 1
+    assert _choose_with(site, {"settings": {"gpu": -1}}) == "flat"
+    assert _choose_with(site, {"settings": {"gpu": 0}}) == "pure_nccl"
+    assert _remap_with(site, 3, {"settings": {"gpu": 0}})["settings"] == {"gpu": 3}
+    assert _remap_with(site, 3, {"settings": {"gpu": -1}})["settings"] == {"gpu": -1}
+    assert not _device_people(result)
+
+
+CONFIG_READS = [
+    # the entry point's code, the config's name and values on a CPU and a GPU run, what a GPU
+    # run of rank 3 leaves in it, and the statement right before the communicator (None: it
+    # is the first statement of main)
+    pytest.param(
+        """\
+        def main(cfg):
+            print('training')
+            model = L.Classifier(L.Linear(4, 2))
+            if cfg.gpu >= 0:
+                chainer.cuda.get_device_from_id(cfg.gpu).use()
+                model.to_gpu()
+        """,
+        "cfg",
+        (SimpleNamespace(gpu=-1), SimpleNamespace(gpu=1)),
+        SimpleNamespace(gpu=3),
+        None,
+        id="attribute-of-a-parameter",
+    ),
+    pytest.param(
+        """\
+        def main():
+            config = load_config('config.json')
+            device = chainer.get_device(config['device'])
+            device.use()
+            model = L.Classifier(L.Linear(4, 2))
+            model.to_device(device)
+        """,
+        "config",
+        ({"device": "@numpy"}, {"device": "@cupy:1"}),
+        {"device": "@cupy:3"},
+        "config = load_config('config.json')",
+        id="device-specifier",
+    ),
+    pytest.param(
+        """\
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument('--config', default='config.json')
+            args = parser.parse_args()
+            with open(args.config) as f:
+                cfg = json.load(f)
+            gpu = int(cfg['gpu'])
+            model = L.Classifier(L.Linear(4, 2))
+            model.to_gpu(gpu)
+        """,
+        "cfg",
+        ({"gpu": "-1"}, {"gpu": "0"}),
+        {"gpu": 3},
+        "with open(args.config) as f:\n    cfg = json.load(f)",
+        id="read-with-int-after-the-arguments",
+    ),
+    pytest.param(
+        """\
+        def main():
+            with open('config.json') as f:
+                gpu = json.load(f)['gpu']
+            model = L.Classifier(L.Linear(4, 2))
+            model.to_gpu(gpu)
+        """,
+        "gpu",
+        (-1, 0),
+        3,
+        "with open('config.json') as f:\n    gpu = json.load(f)['gpu']",
+        id="variable-set-from-a-config",
+    ),
+]
+
+
+@pytest.mark.parametrize(("code", "name", "values", "remapped_to", "before"), CONFIG_READS)
+def test_a_device_read_in_the_code_picks_the_communicator_and_each_ranks_gpu(
+    code: str, name: str, values: tuple[Any, Any], remapped_to: Any, before: str | None
+) -> None:
+    head = "import argparse\nimport json\n\nimport chainer\nimport chainer.links as L\n\n\n"
+    helper = "def load_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n\n"
+    training = (
+        "    opt = chainer.optimizers.SGD()\n"
+        "    opt.setup(model)\n"
+        "    train, _ = chainer.datasets.get_mnist()\n"
+        "    it = chainer.iterators.SerialIterator(train, 8)\n"
+    )
+    result = convert(head + helper + textwrap.dedent(code) + training, idempotent=True)
+    site = comm_site(result.output or "")
+    assert isinstance(site.owner, ast.FunctionDef) and site.owner.name == "main"
+    if before is None:
+        assert site.index == 0
+    else:
+        assert ast.unparse(site.before or ast.Pass()) == before
+    cpu, gpu = values
+    assert _choose_with(site, {name: copy.deepcopy(cpu)}) == "flat"
+    assert _choose_with(site, {name: copy.deepcopy(gpu)}) == "pure_nccl"
+    assert _remap_with(site, 3, {name: copy.deepcopy(gpu)})[name] == remapped_to
+    assert _remap_with(site, 3, {name: copy.deepcopy(cpu)})[name] == cpu  # CPU stays
+    assert not _device_people(result)
+
+
+def test_an_int_of_a_string_device_flag_still_follows_the_flag() -> None:
+    """``gpu = int(args.gpu_id)`` of ``--gpu-id`` (a string): the flag decides, as before."""
+    text = (
+        convert(
+            HEAD
+            + """\
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--gpu-id', default='-1')
+    args = parser.parse_args()
+    gpu = int(args.gpu_id)
+    model = L.Classifier(L.Linear(3, 2))
+    if gpu >= 0:
+        chainer.cuda.get_device_from_id(gpu).use()
+        model.to_gpu()
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+""",
+            idempotent=True,
+        ).output
+        or ""
+    )
+    site = comm_site(text)
+    assert ast.unparse(site.before or ast.Pass()) == "args = parser.parse_args()"
+    assert chosen(site, gpu_id="-1") == "flat" and chosen(site, gpu_id="0") == "pure_nccl"
+    assert remapped(site, 3, gpu_id="0")[0].gpu_id == "3"
+
+
+def test_a_device_whose_source_cannot_be_found_still_needs_a_person() -> None:
+    result = convert(
+        """\
+        import chainer
+        import chainer.links as L
+
+
+        def pick_gpu():
+            return 0
+
+
+        def main():
+            model = L.Classifier(L.Linear(4, 2))
+            chainer.cuda.get_device_from_id(pick_gpu()).use()
+            model.to_gpu()
+            opt = chainer.optimizers.SGD()
+            opt.setup(model)
+        """
+    )
+    (message,) = _device_people(result)
+    assert "get_device_from_id(pick_gpu())" in message
