@@ -585,6 +585,26 @@ FILE_WRITERS = frozenset(
         "chainer.training.extensions.dump_graph",
     }
 )
+# Writers that write through the file object an ``open`` made (that ``open`` is the write).
+WRITERS_THROUGH_A_FILE = frozenset({"pickle.dump", "json.dump", "yaml.dump", "yaml.safe_dump"})
+# Calls that read a file from the path they are given first (rewrites/shared_files.py).
+FILE_READERS = frozenset(
+    {
+        "numpy.load",
+        "numpy.loadtxt",
+        "numpy.genfromtxt",
+        "chainer.serializers.load_npz",
+        "chainer.serializers.npz.load_npz",
+        "chainer.serializers.load_hdf5",
+        "chainer.serializers.hdf5.load_hdf5",
+        "pandas.read_csv",
+        "pandas.read_pickle",
+        "pandas.read_json",
+        "shutil.copy",
+        "shutil.copyfile",
+        "shutil.copy2",
+    }
+)
 # Methods that write whatever object they are called on (a figure, a data frame, an image).
 WRITER_METHODS = frozenset({"savefig", "to_csv"})
 # Constructors whose objects' ``save(path)`` writes an image file.

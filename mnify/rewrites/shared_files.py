@@ -25,27 +25,8 @@ from mnify.rewrites.registry import rewrite
 from mnify.syntax import argument_node
 
 _STEP = "shared-files"
-# Calls that read a file from the path they are given first.
-_READERS = frozenset(
-    {
-        "numpy.load",
-        "numpy.loadtxt",
-        "numpy.genfromtxt",
-        "chainer.serializers.load_npz",
-        "chainer.serializers.npz.load_npz",
-        "chainer.serializers.load_hdf5",
-        "chainer.serializers.hdf5.load_hdf5",
-        "pandas.read_csv",
-        "pandas.read_pickle",
-        "pandas.read_json",
-        "shutil.copy",
-        "shutil.copyfile",
-        "shutil.copy2",
-    }
-)
-# Writers whose first argument is the path (json.dump and pickle.dump write through the file
-# object an ``open`` made: that ``open`` is the write).
-_PATH_FIRST_WRITERS = vocab.FILE_WRITERS - {"pickle.dump", "json.dump", "yaml.dump"}
+# Writers whose first argument is the path.
+_PATH_FIRST_WRITERS = vocab.FILE_WRITERS - vocab.WRITERS_THROUGH_A_FILE
 _SNAPSHOTS = ("snapshot_object", "snapshot")
 _LOOPS = (cst.For, cst.While)
 
@@ -110,7 +91,7 @@ def _written(ctx: FileContext, call: CallFact) -> set[str]:
 def _read(ctx: FileContext, call: CallFact) -> set[str]:
     """The path tokens of a file ``call`` reads, when it reads one."""
     bare = call.qname.lstrip(".")
-    if (_is_open(call) and not _opens_for_writing(call)) or bare in _READERS:
+    if (_is_open(call) and not _opens_for_writing(call)) or bare in vocab.FILE_READERS:
         return _tokens(ctx, _path(call, 0, "file"), call.func)
     return set()
 

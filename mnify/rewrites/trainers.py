@@ -127,7 +127,7 @@ def hosts(contexts: Mapping[str, FileContext]) -> list[FileContext]:
         if any(
             c.func is not None
             and ctx.outermost_scope(c.func) is func
-            and (vocab.is_trainer(c.qname) or vocab.is_optimizer(c.qname))
+            and (vocab.is_trainer(c.qname) or ctx.builds_optimizer(c))
             for c in ctx.facts.calls
         )
     }
