@@ -4,7 +4,6 @@ what is true of the output. Asserted on the output's AST and the report's entrie
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 import textwrap
@@ -12,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mnify.converter import ConvertOptions, convert_sources
-from mnify.rewrites.result import FileResult
+from tests.convert.converting import convert_tree, install_package, main_body
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,35 +96,15 @@ if __name__ == '__main__':
 
 @pytest.fixture
 def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    site = tmp_path / "site"
-    for name, text in LIBRARY.items():
-        path = site / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    return site
-
-
-def _convert(files: dict[str, str]) -> dict[str, FileResult]:
-    results = convert_sources(files, ConvertOptions())
-    for r in results:
-        assert r.error is None, r.error
-    return {r.path: r for r in results}
-
-
-def _body(text: str | None, function: str = "main") -> list[str]:
-    tree = ast.parse(text or "")
-    found = next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == function)
-    return [ast.unparse(s) for s in found.body]
+    return install_package(tmp_path / "site", LIBRARY, monkeypatch)
 
 
 def test_a_library_helper_that_trains_is_distributed_and_a_dict_update_is_not_training(
     library: Path,
 ) -> None:
-    results = _convert({"proj/train.py": TRAIN, "proj/predict.py": PREDICT})
+    results = convert_tree({"proj/train.py": TRAIN, "proj/predict.py": PREDICT})
     train = results["proj/train.py"]
-    body = _body(train.output)
+    body = main_body(train.output)
     assert "mn.distribute_trainers(comm)" in body
     assert not any("trains nothing" in e.message for e in train.entries)
     # the file the script writes after training is rank 0's
@@ -158,9 +136,9 @@ def test_a_sub_package_helper_that_writes_is_run_by_rank_0_and_its_subprocess_re
         "    args = parser.parse_args()\n",
         "    args = parser.parse_args()\n    stamp_run(args.out)\n",
     )
-    results = _convert({"p/train.py": train, "p/kit/__init__.py": "", "p/kit/stamp.py": helper})
+    results = convert_tree({"p/train.py": train, "p/kit/__init__.py": "", "p/kit/stamp.py": helper})
     result = results["p/train.py"]
-    body = _body(result.output)
+    body = main_body(result.output)
     assert "if comm.rank == 0:\n    stamp_run(args.out)" in body
     forks = [e for e in result.entries if e.code == "MN203" and e.severity == "needs-person"]
     assert [e.line for e in forks] == [13]  # at the call in the user's file
@@ -189,8 +167,10 @@ def test_a_helper_that_writes_and_returns_its_directory_is_run_by_rank_0_and_bro
         "    opt = chainer.optimizers.SGD()\n    opt.setup(model)\n"
         "    out = make_run_dir('cfg.yml') if not args.out else 'results/test'\n",
     )
-    results = _convert({"q/train.py": train, "q/util/__init__.py": "", "q/util/rundir.py": helper})
-    body = _body(results["q/train.py"].output)
+    results = convert_tree(
+        {"q/train.py": train, "q/util/__init__.py": "", "q/util/rundir.py": helper}
+    )
+    body = main_body(results["q/train.py"].output)
     want = (
         "out = comm.bcast_obj(make_run_dir('cfg.yml') if comm.rank == 0 else None) "
         "if not args.out else 'results/test'"
@@ -237,8 +217,8 @@ def test_a_pipeline_that_trains_through_a_class_kept_in_an_attribute_stays_on_ev
         "    fit_model(model, it, out=args.out)\n",
         "    Pipeline().run(model, it, args.out)\n",
     )
-    results = _convert({"r/train.py": train, "r/pipeline.py": pipeline})
-    body = _body(results["r/train.py"].output)
+    results = convert_tree({"r/train.py": train, "r/pipeline.py": pipeline})
+    body = main_body(results["r/train.py"].output)
     assert "Pipeline().run(model, it, args.out)" in body
 
 
@@ -257,8 +237,8 @@ def test_a_log_report_a_package_extension_may_read_stays_on_every_rank(library: 
         "    trainer.extend(EpochPrinter())\n"
         "    trainer.run()\n",
     )
-    converted = _convert({"s/train.py": train})["s/train.py"]
-    body = _body(converted.output)
+    converted = convert_tree({"s/train.py": train})["s/train.py"]
+    body = main_body(converted.output)
     assert (
         "trainer.extend(extensions.LogReport(log_name='log' if comm.rank == 0 else None))" in body
     )
@@ -268,7 +248,7 @@ def test_a_log_report_a_package_extension_may_read_stays_on_every_rank(library: 
     said = [e.message for e in converted.entries if "EpochPrinter" in e.message]
     assert said and "prints on rank 0 only" in said[0], said
     # converting the output again changes nothing
-    again = _convert({"s/train.py": converted.output or ""})["s/train.py"]
+    again = convert_tree({"s/train.py": converted.output or ""})["s/train.py"]
     assert again.output == converted.output
 
 

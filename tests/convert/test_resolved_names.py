@@ -5,14 +5,12 @@ on the output's AST and the report's entries."""
 
 from __future__ import annotations
 
-import ast
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from mnify.converter import ConvertOptions, convert_sources
 from mnify.rewrites.result import FileResult
+from tests.convert.converting import convert_tree, install_package, main_body
 
 # the project's own Adam: Chainer's, with a default learning rate of its choosing
 OPTIM = """\
@@ -97,27 +95,7 @@ PACKAGE = {
 
 @pytest.fixture
 def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    site = tmp_path / "site"
-    for name, text in PACKAGE.items():
-        path = site / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    return site
-
-
-def _convert(files: dict[str, str]) -> dict[str, FileResult]:
-    results = convert_sources(files, ConvertOptions())
-    for r in results:
-        assert r.error is None, r.error
-    return {r.path: r for r in results}
-
-
-def _body(text: str | None, function: str = "main") -> list[str]:
-    tree = ast.parse(text or "")
-    found = next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == function)
-    return [ast.unparse(s) for s in found.body]
+    return install_package(tmp_path / "site", PACKAGE, monkeypatch)
 
 
 def _people(result: FileResult) -> list[str]:
@@ -131,9 +109,9 @@ def test_the_projects_subclass_of_a_chainer_optimizer_is_made_multi_node() -> No
         imports="from optim import Adam",
         build="    opt = Adam(alpha=0.001)\n    opt.setup(model)",
     )
-    results = _convert({"proj/train.py": train, "proj/optim.py": OPTIM})
+    results = convert_tree({"proj/train.py": train, "proj/optim.py": OPTIM})
     result = results["proj/train.py"]
-    body = _body(result.output)
+    body = main_body(result.output)
     assert "opt = mn.create_multi_node_optimizer(Adam(alpha=0.001), comm)" in body
     assert "tried = SGD(0.1)" in body
     assert not _people(result)
@@ -151,10 +129,10 @@ def test_a_packages_optimizer_derived_from_chainers_is_made_multi_node(package: 
         "\n\ndef make_optimizer(model):\n    opt = WarmMomentum(lr=0.1)\n"
         "    opt.setup(model)\n    return opt\n\n\ndef main():",
     )
-    result = _convert({"pkgs/train.py": train})["pkgs/train.py"]
-    body = _body(result.output)
+    result = convert_tree({"pkgs/train.py": train})["pkgs/train.py"]
+    body = main_body(result.output)
     assert "opt = mn.create_multi_node_optimizer(make_optimizer(model), comm)" in body
-    assert _body(result.output, "make_optimizer")[0] == "opt = WarmMomentum(lr=0.1)"
+    assert main_body(result.output, "make_optimizer")[0] == "opt = WarmMomentum(lr=0.1)"
     assert not _people(result)
 
 
@@ -169,11 +147,11 @@ def test_classes_named_like_chainers_optimizers_are_not_taken_for_them() -> None
             "    opt = chainer.optimizers.Adam()\n    opt.setup(model)"
         ),
     )
-    results = _convert(
+    results = convert_tree(
         {"own/train.py": train, "own/kit/__init__.py": "", "own/kit/schedules.py": SCHEDULES}
     )
     result = results["own/train.py"]
-    body = _body(result.output)
+    body = main_body(result.output)
     assert "tried = SGD(0.1)" in body
     assert "momentum = MomentumSGD(0.5, 0.9)" in body
     assert "opt = mn.create_multi_node_optimizer(chainer.optimizers.Adam(), comm)" in body
@@ -205,8 +183,8 @@ class Lion(optimizer.GradientMethod):
         return LionRule(self.hyperparam)
 """
     train = TRAIN.format(imports=own, build="    opt = Lion(lr=0.1)\n    opt.setup(model)")
-    result = _convert({"own_opt/train.py": train})["own_opt/train.py"]
-    body = _body(result.output)
+    result = convert_tree({"own_opt/train.py": train})["own_opt/train.py"]
+    body = main_body(result.output)
     assert "opt = mn.create_multi_node_optimizer(Lion(lr=0.1), comm)" in body
     assert "tried = SGD(0.1)" in body
     assert not _people(result)
