@@ -585,6 +585,45 @@ FILE_WRITERS = frozenset(
         "chainer.training.extensions.dump_graph",
     }
 )
+# Method names many classes define (Chainer's links, optimizers, extensions, file objects, and
+# the built-in types' own, ``d.items()``): a call of one on an object of unknown class is never
+# taken for the one project class that defines it (program/effects.py), nor a writing method of
+# that name guarded at its calls by name (rewrites/helper_writes.py).
+COMMON_METHOD_NAMES = frozenset(
+    {
+        "__call__",
+        "__init__",
+        "forward",
+        "update",
+        "setup",
+        "extend",
+        "run",
+        "save",
+        "load",
+        "serialize",
+        "write",
+        "read",
+        "close",
+        "flush",
+        "get",
+        "append",
+        "add",
+        "evaluate",
+        "report",
+        "reset",
+        "finalize",
+        "initialize",
+        "cleargrads",
+        "zerograds",
+        "add_hook",
+        "backward",
+        "to_gpu",
+        "to_cpu",
+        "to_device",
+    }
+) | frozenset(
+    name for kind in (str, bytes, list, dict, set, tuple, int, float, object) for name in dir(kind)
+)
 # Writers that write through the file object an ``open`` made (that ``open`` is the write).
 WRITERS_THROUGH_A_FILE = frozenset({"pickle.dump", "json.dump", "yaml.dump", "yaml.safe_dump"})
 # Calls that read a file from the path they are given first (rewrites/shared_files.py).

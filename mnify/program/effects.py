@@ -48,36 +48,6 @@ from mnify.program.effect_summary import MODULE_CODE, Summary, summarise, table_
 
 _BUILTIN_NAMES = frozenset(dir(builtins))
 KINDS = ("writes", "trains", "reads-data", "imports", "forks", "collective", "opaque")
-# methods common to many classes: a call of one on an object of unknown class is not taken for
-# the one class of the project that defines it
-_COMMON_METHODS = frozenset(
-    {
-        "__call__",
-        "__init__",
-        "forward",
-        "update",
-        "setup",
-        "extend",
-        "run",
-        "save",
-        "load",
-        "serialize",
-        "write",
-        "read",
-        "close",
-        "get",
-        "append",
-        "add",
-        "evaluate",
-        "report",
-        "reset",
-        "to_gpu",
-        "to_cpu",
-        "to_device",
-    }
-) | frozenset(  # the builtin types' own (``"...".format(x)``, ``d.items()``)
-    name for kind in (str, bytes, list, dict, set, tuple, int, float, object) for name in dir(kind)
-)
 
 
 @dataclass(frozen=True)
@@ -485,7 +455,7 @@ class ProjectEffects:
         return {
             m: found[0]
             for m, found in seen.items()
-            if len(found) == 1 and m not in _COMMON_METHODS and not m.startswith("__")
+            if len(found) == 1 and m not in vocab.COMMON_METHOD_NAMES and not m.startswith("__")
         }
 
 

@@ -32,40 +32,10 @@ from mnify.program.facts import CallFact
 from mnify.rewrites.context import FileContext, Lift
 from mnify.rewrites.edits import Guard, NodeFn, expression
 
-# Method names guarding by name could mistake for the user's writer: Chainer's and Python's own.
-_COMMON_METHODS = frozenset(
-    {
-        "__call__",
-        "forward",
-        "update",
-        "setup",
-        "extend",
-        "run",
-        "save",
-        "load",
-        "serialize",
-        "to_gpu",
-        "to_cpu",
-        "to_device",
-        "write",
-        "close",
-        "flush",
-        "report",
-        "evaluate",
-        "finalize",
-        "initialize",
-        "cleargrads",
-        "zerograds",
-        "add_hook",
-        "backward",
-        "append",
-    }
-)
-
 
 def guardable_method(name: str) -> bool:
     """Whether a writing method may be guarded at its calls by its name."""
-    return name not in _COMMON_METHODS and not name.startswith("__")
+    return name not in vocab.COMMON_METHOD_NAMES and not name.startswith("__")
 
 
 def method_definitions(contexts: Iterable[FileContext]) -> Counter[str]:
